@@ -1,0 +1,3 @@
+from aurora_store.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,202 @@
+"""Decode + apply, split into ``stage`` (verify and decode; no writes) and ``activate`` (in-place scatter).
+
+Staging checks, in order: the layout fingerprint, the base version and base digest against the target,
+every segment's SHA-256 against the manifest, each segment's structure and chunk table against the
+manifest, every index against its tensor's bounds, and finally that the weights *after* the update would
+hash to the manifest's ``weights_digest``. Only a fully verified :class:`StagedDelta` can be activated, so
+a bad input raises a typed error and leaves the target's weights untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import zstandard
+
+from aurora_store.codec import leb128
+from aurora_store.codec.digest import WeightsDigest, hash_elements
+from aurora_store.codec.layout import ModelLayout
+from aurora_store.codec.manifest import ChunkRef, DeltaManifest, SegmentRef
+from aurora_store.codec.params import CodecParams
+from aurora_store.codec.segment import ChunkHeader, Entropy, unpack
+from aurora_store.codec.target import WeightTarget
+from aurora_store.codec.values import decode_values
+from aurora_store.errors import (
+    BaseVersionMismatchError,
+    CorruptSegmentError,
+    DigestMismatchError,
+    LayoutMismatchError,
+    ManifestError,
+)
+
+
+@dataclass(frozen=True)
+class DecodedChunk:
+    tensor: str
+    indices: torch.Tensor  # int64, sorted, global flat indices in the inference tensor
+    values: bytes  # raw value stream (decoding DELTA16 needs the target's current bits)
+    header: ChunkHeader
+
+
+@dataclass(frozen=True)
+class TensorUpdate:
+    tensor: str
+    indices: torch.Tensor  # int64 sorted flat indices
+    bits: torch.Tensor  # int16 new bit patterns
+
+
+@dataclass(frozen=True)
+class StagedDelta:
+    """A verified, decoded delta ready for :func:`activate`."""
+
+    manifest: DeltaManifest
+    updates: tuple[TensorUpdate, ...]
+
+    @property
+    def version(self) -> int:
+        return self.manifest.version
+
+    @property
+    def base_version(self) -> int:
+        return self.manifest.base_version
+
+
+def verify_segment(ref: SegmentRef, data: bytes) -> None:
+    if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.digest:
+        raise CorruptSegmentError(f"segment {ref.digest[:12]}… does not match its digest "
+                                  f"({len(data)} bytes, expected {ref.size})")
+
+
+def decode_segment(layout: ModelLayout, codec: CodecParams, ref: SegmentRef, data: bytes) -> list[DecodedChunk]:
+    """Verify one segment's digest and structure and decode its chunks."""
+    verify_segment(ref, data)
+    parts = unpack(data)
+    listed = tuple(ChunkRef(h.tensor, h.lo, h.hi, h.count) for h, _, _ in parts)
+    if listed != ref.chunks:
+        raise ManifestError(f"segment {ref.digest[:12]}… holds chunks that differ from its manifest entry")
+    decompressor = zstandard.ZstdDecompressor()
+    out = []
+    for header, index_stream, value_stream in parts:
+        if header.tensor not in layout:
+            raise CorruptSegmentError(f"chunk for unknown tensor {header.tensor!r}")
+        if header.hi > layout[header.tensor].numel:
+            raise CorruptSegmentError(f"chunk {header.tensor} [{header.lo}, {header.hi}) exceeds the tensor")
+        if header.value_transform != codec.value_transform or not (
+                codec.allows(header.index_entropy) and codec.allows(header.value_entropy)):
+            raise CorruptSegmentError(f"chunk {header.tensor} uses codecs the manifest does not declare")
+        index_raw = _inflate(decompressor, header.index_entropy, index_stream, header.index_raw_len)
+        value_raw = _inflate(decompressor, header.value_entropy, value_stream, header.value_raw_len)
+        gaps = leb128.decode(index_raw, header.count)
+        if gaps.size > 1 and int(gaps[1:].min()) < 1:
+            raise CorruptSegmentError(f"chunk {header.tensor}: indices are not strictly increasing")
+        span = header.hi - header.lo
+        largest = int(gaps.max())
+        # Bound the running sum before it can wrap around int64: the sum of all gaps is the last index.
+        if largest >= span or (largest * gaps.size >= 1 << 63 and float(gaps.sum(dtype=np.float64)) >= span):
+            raise CorruptSegmentError(f"chunk {header.tensor}: index out of range")
+        local = np.cumsum(gaps.astype(np.int64))
+        if int(local[-1]) >= span:
+            raise CorruptSegmentError(f"chunk {header.tensor}: index out of range")
+        indices = torch.from_numpy(local) + header.lo
+        out.append(DecodedChunk(header.tensor, indices, value_raw, header))
+    return out
+
+
+def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tuple[SegmentRef, bytes]],
+          target: WeightTarget) -> StagedDelta:
+    """Verify and decode a delta against ``target`` without modifying it.
+
+    ``segments`` maps segment digests to bytes, or yields ``(ref, bytes)`` pairs in any order (e.g. as they
+    arrive from parallel downloads).
+    """
+    check_applicable(manifest, target)
+    decoded: dict[str, list[DecodedChunk]] = {}
+    seen: set[str] = set()
+    wanted = {ref.digest: ref for ref in manifest.segments}
+    pairs = ((wanted.get(d), b) for d, b in segments.items()) if isinstance(segments, Mapping) else segments
+    for ref, data in pairs:
+        if ref is None or ref.digest not in wanted:
+            continue
+        if ref.digest in seen:
+            continue
+        seen.add(ref.digest)
+        for chunk in decode_segment(target.layout, manifest.codec, wanted[ref.digest], data):
+            decoded.setdefault(chunk.tensor, []).append(chunk)
+    missing = set(wanted) - seen
+    if missing:
+        raise ManifestError(f"{len(missing)} segment(s) of version {manifest.version} were not supplied")
+    updates = []
+    delta = WeightsDigest()
+    for name in sorted(decoded, key=target.layout.names.index):
+        chunks = sorted(decoded[name], key=lambda c: c.header.lo)
+        for before, after in itertools.pairwise(chunks):
+            if after.header.lo < before.header.hi:
+                raise CorruptSegmentError(f"chunks of {name} overlap")
+        indices = torch.cat([c.indices for c in chunks])
+        if indices.numel() != manifest.changed.get(name, 0):
+            raise ManifestError(f"{name}: decoded {indices.numel()} changes, manifest says "
+                                f"{manifest.changed.get(name, 0)}")
+        old = target.gather(name, indices)
+        new = torch.empty_like(old)
+        old_np, new_np = old.numpy(), new.numpy()
+        start = 0
+        for c in chunks:
+            stop = start + c.header.count
+            new_np[start:stop] = decode_values(old_np[start:stop], c.values, c.header.count,
+                                               manifest.codec.value_transform)
+            start = stop
+        delta = delta + hash_elements(name, indices, new) - hash_elements(name, indices, old)
+        updates.append(TensorUpdate(name, indices, new))
+    if str(target.digest + delta) != manifest.weights_digest:
+        raise DigestMismatchError(f"applying version {manifest.version} would give weights digest "
+                                  f"{target.digest + delta}, manifest says {manifest.weights_digest}")
+    return StagedDelta(manifest, tuple(updates))
+
+
+def check_applicable(manifest: DeltaManifest, target: WeightTarget) -> None:
+    """Raise unless ``manifest`` was made for this layout and the target's exact current weights."""
+    if manifest.layout_fingerprint != target.layout.fingerprint:
+        raise LayoutMismatchError(f"delta {manifest.version} is for layout {manifest.layout_fingerprint}, "
+                                  f"target has {target.layout.fingerprint}")
+    if manifest.elements != target.layout.numel:
+        raise LayoutMismatchError(f"delta {manifest.version} covers {manifest.elements} elements, "
+                                  f"layout has {target.layout.numel}")
+    if target.version != manifest.base_version:
+        raise BaseVersionMismatchError(f"delta {manifest.version} has base {manifest.base_version}, "
+                                       f"target is at version {target.version}")
+    if str(target.digest) != manifest.base_weights_digest:
+        raise BaseVersionMismatchError(f"target weights digest {target.digest} differs from the delta's "
+                                       f"base digest {manifest.base_weights_digest}")
+
+
+def activate(staged: StagedDelta, target: WeightTarget) -> None:
+    """Scatter a staged delta into ``target`` in place and advance its version and digest."""
+    check_applicable(staged.manifest, target)
+    for update in staged.updates:
+        target.scatter(update.tensor, update.indices, update.bits)
+    target.version = staged.version
+    target.digest = WeightsDigest.parse(staged.manifest.weights_digest)
+
+
+def apply_delta(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tuple[SegmentRef, bytes]],
+                target: WeightTarget) -> None:
+    activate(stage(manifest, segments, target), target)
+
+
+def _inflate(decompressor: zstandard.ZstdDecompressor, entropy: Entropy, stream: memoryview, raw_len: int) -> bytes:
+    if entropy == Entropy.NONE:
+        if len(stream) != raw_len:
+            raise CorruptSegmentError(f"raw stream of {len(stream)} bytes, expected {raw_len}")
+        return bytes(stream)
+    try:
+        raw = decompressor.decompress(bytes(stream), max_output_size=raw_len)
+    except zstandard.ZstdError as exc:
+        raise CorruptSegmentError(f"zstd stream is corrupt: {exc}") from exc
+    if len(raw) != raw_len:
+        raise CorruptSegmentError(f"zstd stream inflates to {len(raw)} bytes, expected {raw_len}")
+    return raw

@@ -1,0 +1,129 @@
+"""Additive multiset digest of full weights, updatable in O(changed elements).
+
+``weights_digest(W) = Σ_{(tensor, i)} h(tensor, i, bits_i)`` over every element of every inference
+tensor, computed lane-wise modulo 2**64 with two independent 64-bit lanes (128 bits). Because the sum is
+over a multiset, a delta moves the digest by ``Σ h(t, i, new) − h(t, i, old)`` over the changed elements
+only, and the result equals a from-scratch computation exactly.
+
+``h`` is the MurmurHash3 64-bit finaliser (a bijection) applied to ``(i << 16 | bits) XOR seed(tensor,
+lane)``. It detects accidental divergence (a wrong or missing update changes the digest except with
+probability ~2**-128); it is *not* a cryptographic commitment against an adversary — that role belongs to
+the SHA-256 segment names and the signed manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from aurora_store.errors import FormatError
+
+ALGORITHM = "lthash128"
+LANES = 2
+_MASK = (1 << 64) - 1
+_K1 = np.uint64(0xFF51AFD7ED558CCD)
+_K2 = np.uint64(0xC4CEB9FE1A85EC53)
+_S33 = np.uint64(33)
+_S16 = np.uint64(16)
+_BLOCK = 1 << 18  # elements per block: keeps temporaries in cache
+_PATTERN = re.compile(rf"^{ALGORITHM}:([0-9a-f]{{32}})$")
+
+
+@dataclass(frozen=True)
+class WeightsDigest:
+    """A 128-bit additive digest (two 64-bit lanes)."""
+
+    lanes: tuple[int, int] = (0, 0)
+
+    def __add__(self, other: WeightsDigest) -> WeightsDigest:
+        return WeightsDigest(tuple((a + b) & _MASK for a, b in zip(self.lanes, other.lanes)))  # type: ignore[arg-type]
+
+    def __sub__(self, other: WeightsDigest) -> WeightsDigest:
+        return WeightsDigest(tuple((a - b) & _MASK for a, b in zip(self.lanes, other.lanes)))  # type: ignore[arg-type]
+
+    def __str__(self) -> str:
+        return f"{ALGORITHM}:" + "".join(f"{lane:016x}" for lane in self.lanes)
+
+    @classmethod
+    def parse(cls, text: str) -> WeightsDigest:
+        match = _PATTERN.match(text) if isinstance(text, str) else None
+        if not match:
+            raise FormatError(f"not a {ALGORITHM} digest: {text!r}")
+        hexdigits = match.group(1)
+        return cls((int(hexdigits[:16], 16), int(hexdigits[16:], 16)))
+
+
+ZERO = WeightsDigest()
+
+
+def _seeds(tensor_name: str) -> tuple[np.uint64, ...]:
+    raw = hashlib.sha256(tensor_name.encode()).digest()
+    return tuple(np.uint64(int.from_bytes(raw[8 * k: 8 * k + 8], "little")) for k in range(LANES))
+
+
+def _fmix_sum(keys: np.ndarray, seed: np.uint64, scratch: np.ndarray) -> int:
+    """Σ fmix64(keys ^ seed) mod 2**64, in place on a scratch buffer."""
+    y = scratch[: keys.size]
+    np.bitwise_xor(keys, seed, out=y)
+    tmp = np.right_shift(y, _S33)
+    y ^= tmp
+    y *= _K1
+    np.right_shift(y, _S33, out=tmp)
+    y ^= tmp
+    y *= _K2
+    np.right_shift(y, _S33, out=tmp)
+    y ^= tmp
+    return int(y.sum(dtype=np.uint64))
+
+
+def hash_elements(tensor_name: str, indices: torch.Tensor | np.ndarray,
+                  bits: torch.Tensor | np.ndarray) -> WeightsDigest:
+    """Σ h(tensor_name, index, bits) over the given elements (flat indices in the inference layout)."""
+    idx = indices.numpy() if isinstance(indices, torch.Tensor) else np.asarray(indices)
+    val = bits.numpy() if isinstance(bits, torch.Tensor) else np.asarray(bits)
+    if idx.shape != val.shape:
+        raise ValueError("indices and bits must have the same shape")
+    return _hash_sum(tensor_name, val, lambda start, stop: idx[start:stop].astype(np.uint64))
+
+
+def hash_range(tensor_name: str, offset: int, flat_bits: torch.Tensor | np.ndarray) -> WeightsDigest:
+    """Σ h over a contiguous run of elements starting at flat index ``offset``."""
+    val = flat_bits.numpy() if isinstance(flat_bits, torch.Tensor) else np.asarray(flat_bits)
+    return _hash_sum(tensor_name, val, lambda start, stop: np.arange(offset + start, offset + stop, dtype=np.uint64))
+
+
+def _hash_sum(tensor_name: str, bits: np.ndarray, indices_of) -> WeightsDigest:
+    seeds = _seeds(tensor_name)
+    sums = [0] * LANES
+    scratch = np.empty(min(bits.size, _BLOCK), dtype=np.uint64)
+    for start in range(0, bits.size, _BLOCK):
+        block = bits[start: start + _BLOCK]
+        keys = (indices_of(start, start + block.size) << _S16) | block.view(np.uint16).astype(np.uint64)
+        for lane, seed in enumerate(seeds):
+            sums[lane] = (sums[lane] + _fmix_sum(keys, seed, scratch)) & _MASK
+    return WeightsDigest(tuple(sums))  # type: ignore[arg-type]
+
+
+def digest_pieces(pieces: Iterable[tuple[str, int, torch.Tensor]]) -> WeightsDigest:
+    """From-scratch digest over ``(inference name, flat offset, flat int16 bits)`` pieces."""
+    total = ZERO
+    for name, offset, flat_bits in pieces:
+        total = total + hash_range(name, offset, flat_bits)
+    return total
+
+
+def digest_state(layout, state: Mapping[str, torch.Tensor]) -> WeightsDigest:
+    """From-scratch digest of a training-layout state dict (see :class:`ModelLayout`)."""
+    return digest_pieces((t.name, offset, bits) for t, offset, bits in layout.pieces(state))
+
+
+def digest_fused(layout, fused: Mapping[str, torch.Tensor]) -> WeightsDigest:
+    """From-scratch digest of inference-layout tensors."""
+    from aurora_store.codec.layout import bits_view
+
+    return digest_pieces((t.name, 0, bits_view(fused[t.name])[: t.numel]) for t in layout.tensors)

@@ -1,0 +1,125 @@
+"""Weight targets: the tensors a delta is applied to, seen through the inference layout's flat indices.
+
+A target maps each inference tensor onto one or more contiguous flat pieces of real storage — the fused
+tensor itself (vLLM-style), or the separate q/k/v and gate/up tensors of a HuggingFace model — so the same
+decoded delta scatters into either without building full-shape staging tensors. It also tracks which
+version its weights are at and their additive digest.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from aurora_store.codec.digest import WeightsDigest, digest_pieces
+from aurora_store.codec.layout import ModelLayout, bits_view
+from aurora_store.errors import LayoutError
+
+
+@dataclass(frozen=True)
+class _Piece:
+    lo: int
+    hi: int
+    bits: torch.Tensor  # flat int16 view sharing storage with the real parameter
+
+
+class WeightTarget:
+    """Flat-index access to the weights of one model, plus its version and digest.
+
+    ``version`` is ``None`` until the caller declares which published version the weights hold.
+    """
+
+    def __init__(self, layout: ModelLayout, pieces: Mapping[str, list[_Piece]],
+                 version: int | None = None, digest: WeightsDigest | None = None) -> None:
+        self.layout = layout
+        self._pieces = dict(pieces)
+        for tensor in layout.tensors:
+            spans = self._pieces.get(tensor.name)
+            if not spans:
+                raise LayoutError(f"target has no storage for {tensor.name}")
+            covered = 0
+            for piece in spans:
+                if piece.lo != covered or piece.bits.numel() != piece.hi - piece.lo:
+                    raise LayoutError(f"{tensor.name}: target pieces must tile the tensor in order")
+                covered = piece.hi
+            if covered != tensor.numel:
+                raise LayoutError(f"{tensor.name}: target covers {covered} of {tensor.numel} elements")
+        self._bounds = {name: [p.lo for p in spans] for name, spans in self._pieces.items()}
+        self.version = version
+        self.digest = digest if digest is not None else self.full_digest()
+
+    # --- construction ----------------------------------------------------------------------------
+
+    @classmethod
+    def from_fused(cls, layout: ModelLayout, fused: Mapping[str, torch.Tensor], **kw) -> WeightTarget:
+        """Over inference-layout tensors (e.g. vLLM parameters). Tensors may be larger than the layout
+        (padded vocabularies): only the first ``numel`` elements are addressed."""
+        pieces = {}
+        for tensor in layout.tensors:
+            storage = fused.get(tensor.name)
+            if storage is None:
+                raise LayoutError(f"no tensor {tensor.name} in the fused state")
+            pieces[tensor.name] = [_Piece(0, tensor.numel, _writable_bits(storage, tensor.name)[: tensor.numel])]
+        return cls(layout, pieces, **kw)
+
+    @classmethod
+    def from_state(cls, layout: ModelLayout, state: Mapping[str, torch.Tensor], **kw) -> WeightTarget:
+        """Over training-layout tensors (e.g. a HuggingFace model's parameters)."""
+        layout.check_state(state)
+        pieces: dict[str, list[_Piece]] = {}
+        for tensor in layout.tensors:
+            spans = []
+            for comp in tensor.components:
+                lo, hi = tensor.component_span(comp)
+                spans.append(_Piece(lo, hi, _writable_bits(state[comp.train_name], comp.train_name)))
+            pieces[tensor.name] = spans
+        return cls(layout, pieces, **kw)
+
+    # --- access ----------------------------------------------------------------------------------
+
+    def _split(self, name: str, indices: torch.Tensor) -> list[tuple[_Piece, torch.Tensor, slice]]:
+        spans = self._pieces[name]
+        if len(spans) == 1:
+            return [(spans[0], indices, slice(None))]
+        # indices are sorted: cut them at the piece boundaries.
+        bounds = torch.tensor([p.lo for p in spans[1:]], dtype=indices.dtype)
+        cuts = [0, *torch.searchsorted(indices, bounds).tolist(), indices.numel()]
+        out = []
+        for piece, a, b in zip(spans, cuts[:-1], cuts[1:]):
+            if b > a:
+                out.append((piece, indices[a:b] - piece.lo, slice(a, b)))
+        return out
+
+    def gather(self, name: str, indices: torch.Tensor) -> torch.Tensor:
+        """Current bit patterns at sorted flat ``indices`` of inference tensor ``name``."""
+        out = torch.empty(indices.numel(), dtype=torch.int16)
+        for piece, local, where in self._split(name, indices):
+            out[where] = piece.bits[local]
+        return out
+
+    def scatter(self, name: str, indices: torch.Tensor, bits: torch.Tensor) -> None:
+        """Write ``bits`` at sorted flat ``indices`` in place."""
+        for piece, local, where in self._split(name, indices):
+            piece.bits.index_copy_(0, local, bits[where])
+
+    def element(self, name: str, index: int) -> int:
+        spans = self._pieces[name]
+        piece = spans[bisect_right(self._bounds[name], index) - 1]
+        return int(piece.bits[index - piece.lo])
+
+    def full_digest(self) -> WeightsDigest:
+        """From-scratch digest of the current weights (O(model size))."""
+        return digest_pieces((name, p.lo, p.bits) for name, spans in self._pieces.items() for p in spans)
+
+    def fused_bits(self, name: str) -> torch.Tensor:
+        """A copy of inference tensor ``name``'s bits, flat (for checks and tests)."""
+        return torch.cat([p.bits for p in self._pieces[name]])
+
+
+def _writable_bits(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    if not tensor.is_contiguous():
+        raise LayoutError(f"{name}: target tensors must be contiguous to be updated in place")
+    return bits_view(tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor)

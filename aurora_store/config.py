@@ -1,0 +1,60 @@
+"""Configuration read from the environment, in one place.
+
+Everything tunable without code changes is here, with its default. Command-line flags override these
+values; library code receives them as arguments and never reads the environment itself.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from aurora_store.errors import ConfigError
+
+
+def _int(name: str, default: int, minimum: int = 0) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+
+
+@dataclass(frozen=True)
+class TransferSettings:
+    """How bytes move between buckets."""
+
+    streams: int = 4  # parallel transfer streams (AURORA_STREAMS)
+    retries: int = 4  # semantic retries: digest mismatch, 409, 5xx (AURORA_RETRIES)
+    retry_wait_s: float = 0.2  # first backoff interval, doubled each retry (AURORA_RETRY_WAIT)
+    connect_timeout_s: float = 10.0  # AURORA_CONNECT_TIMEOUT
+    read_timeout_s: float = 60.0  # AURORA_READ_TIMEOUT
+
+    @classmethod
+    def from_env(cls) -> TransferSettings:
+        return cls(
+            streams=_int("AURORA_STREAMS", cls.streams, minimum=1),
+            retries=_int("AURORA_RETRIES", cls.retries, minimum=0),
+            retry_wait_s=_float("AURORA_RETRY_WAIT", cls.retry_wait_s),
+            connect_timeout_s=_float("AURORA_CONNECT_TIMEOUT", cls.connect_timeout_s),
+            read_timeout_s=_float("AURORA_READ_TIMEOUT", cls.read_timeout_s),
+        )
+
+
+def default_run_name() -> str:
+    return os.environ.get("AURORA_RUN", "default")

@@ -1,0 +1,114 @@
+"""One error hierarchy for the whole package.
+
+Every error Aurora raises on purpose derives from :class:`AuroraError`, and also from the builtin a
+caller would naturally catch (``FileExistsError`` for a lost create race, ``FileNotFoundError`` for a
+missing object, ``ValueError`` for malformed input, ``TypeError`` for an unsupported dtype). Callers can
+therefore catch either the precise Aurora type or the builtin.
+"""
+
+from __future__ import annotations
+
+
+class AuroraError(Exception):
+    """Root of every error raised deliberately by Aurora."""
+
+
+# --- codec -----------------------------------------------------------------------------------------
+
+
+class CodecError(AuroraError, ValueError):
+    """Input to the delta codec is invalid."""
+
+
+class UnsupportedDtypeError(AuroraError, TypeError):
+    """A tensor's dtype cannot be encoded (only 16-bit floats are)."""
+
+
+class LayoutError(CodecError):
+    """A state dict or config does not match the model layout."""
+
+
+class LayoutMismatchError(LayoutError):
+    """The delta was produced for a different model layout (fingerprint mismatch)."""
+
+
+class FormatError(CodecError):
+    """Bytes or JSON do not follow the documented wire format."""
+
+
+class CorruptSegmentError(FormatError):
+    """A segment is truncated, malformed, or its content does not hash to its name."""
+
+
+class ManifestError(FormatError):
+    """A manifest is malformed or inconsistent with its segments."""
+
+
+class BaseVersionMismatchError(CodecError):
+    """A delta's declared base version is not the target's active version."""
+
+
+class DigestMismatchError(CodecError):
+    """Weights after applying a delta would not match the manifest's ``weights_digest``."""
+
+
+# --- store -----------------------------------------------------------------------------------------
+
+
+class StoreError(AuroraError, OSError):
+    """A bucket operation failed."""
+
+
+class InvalidKeyError(StoreError, ValueError):
+    """An object key is empty, absolute, or contains ``.``/``..`` parts."""
+
+
+class ObjectNotFoundError(StoreError, FileNotFoundError):
+    """The object does not exist in the bucket."""
+
+
+class VersionNotFoundError(ObjectNotFoundError):
+    """No manifest exists for the requested version."""
+
+
+class BucketNotFoundError(StoreError, FileNotFoundError):
+    """The bucket (or local root directory) does not exist."""
+
+
+class ObjectExistsError(StoreError, FileExistsError):
+    """A create-only write found the object already present with different content."""
+
+
+class VersionExistsError(ObjectExistsError):
+    """Another writer published this version first."""
+
+
+class StoreAuthError(StoreError, PermissionError):
+    """The credentials were rejected by the bucket."""
+
+
+class TransientStoreError(StoreError):
+    """A retryable failure (5xx, timeout, conditional conflict) that outlived its retries."""
+
+
+class IntegrityError(StoreError):
+    """Bytes fetched from a bucket do not match their content address, even after re-fetching."""
+
+
+# --- control plane and scheduling -----------------------------------------------------------------
+
+
+class BusError(AuroraError, ConnectionError):
+    """The Redis control plane is unreachable or refused us."""
+
+
+class BusAuthError(BusError, PermissionError):
+    """Redis rejected the credentials or the TLS handshake."""
+
+
+class SchedulingError(AuroraError, ValueError):
+    """A scheduling request is inconsistent (e.g. no eligible actors)."""
+
+
+class ConfigError(AuroraError, ValueError):
+    """Configuration is missing or invalid."""

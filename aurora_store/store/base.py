@@ -1,0 +1,86 @@
+"""The bucket interface every backend implements (local directory, memory, S3, GCS)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend guarantees.
+
+    ``atomic_create``: :meth:`Bucket.create` is a single atomic conditional write (S3 ``If-None-Match: *``,
+    GCS ``ifGenerationMatch=0``, ``link(2)`` locally) — never check-then-write. ``remote``: requests cross a
+    network, so parallel streams pay off.
+    """
+
+    atomic_create: bool
+    remote: bool
+
+
+class Bucket(ABC):
+    """A flat namespace of immutable-by-convention objects under one URL.
+
+    Keys are ``/``-separated relative paths. Errors are Aurora's typed :class:`~aurora_store.errors.StoreError`
+    subclasses: :class:`ObjectNotFoundError` (also ``FileNotFoundError``), :class:`ObjectExistsError`
+    (also ``FileExistsError``), :class:`StoreAuthError`, :class:`BucketNotFoundError`,
+    :class:`TransientStoreError`.
+    """
+
+    url: str
+    capabilities: Capabilities
+
+    @abstractmethod
+    def get(self, key: str) -> bytes:
+        """The object's bytes."""
+
+    @abstractmethod
+    def put(self, key: str, data: bytes) -> None:
+        """Write (or overwrite) an object atomically: readers see the old bytes or the new, never a mix."""
+
+    @abstractmethod
+    def create(self, key: str, data: bytes) -> None:
+        """Write an object only if no object exists under ``key``; else raise :class:`ObjectExistsError`."""
+
+    @abstractmethod
+    def size(self, key: str) -> int:
+        """The object's size in bytes; :class:`ObjectNotFoundError` if absent."""
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> list[str]:
+        """All keys starting with ``prefix``, sorted."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove an object; absent objects are not an error (deletes are idempotent)."""
+
+    def exists(self, key: str) -> bool:
+        from aurora_store.errors import ObjectNotFoundError
+
+        try:
+            self.size(key)
+        except ObjectNotFoundError:
+            return False
+        return True
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
+        """Release connections (no-op by default)."""
+
+    def __enter__(self) -> Bucket:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+
+def check_key(key: str) -> str:
+    """Reject keys that could escape the bucket root or are ambiguous."""
+    from aurora_store.errors import InvalidKeyError
+
+    if not key or key.startswith("/") or any(part in ("", ".", "..") for part in key.split("/")):
+        raise InvalidKeyError(f"invalid object key {key!r}")
+    return key

@@ -1,0 +1,122 @@
+"""A bucket in a local directory (``file://`` URLs and bare paths).
+
+Writes go to a temporary file in the destination directory, are fsync'ed, and are then published
+atomically: ``os.replace`` for overwrites, ``os.link`` for create-only writes (``link`` fails with
+``EEXIST`` if the name exists, so two racing writers cannot both win — no check-then-write).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from pathlib import Path
+
+from aurora_store.errors import BucketNotFoundError, ObjectExistsError, ObjectNotFoundError, StoreError
+from aurora_store.store.base import Bucket, Capabilities, check_key
+
+_TMP_PREFIX = ".aurora-tmp-"
+
+
+class LocalBucket(Bucket):
+    capabilities = Capabilities(atomic_create=True, remote=False)
+
+    def __init__(self, root: str | os.PathLike[str], *, create: bool = False) -> None:
+        self.root = Path(root).expanduser().absolute()
+        self.url = self.root.as_uri()
+        if create:
+            self.root.mkdir(parents=True, exist_ok=True)
+        elif not self.root.is_dir():
+            raise BucketNotFoundError(f"bucket directory {self.root} does not exist")
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def get(self, key: str) -> bytes:
+        path = self._path(key)
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"{self.url}/{key} does not exist") from None
+        except IsADirectoryError:
+            raise ObjectNotFoundError(f"{self.url}/{key} is a directory, not an object") from None
+        except OSError as exc:
+            raise StoreError(f"cannot read {self.url}/{key}: {exc}") from exc
+
+    def _write_temp(self, path: Path, data: bytes) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        return tmp
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        try:
+            tmp = self._write_temp(path, data)
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise StoreError(f"cannot write {self.url}/{key}: {exc}") from exc
+        _fsync_dir(path.parent)
+
+    def create(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        try:
+            tmp = self._write_temp(path, data)
+        except OSError as exc:
+            raise StoreError(f"cannot write {self.url}/{key}: {exc}") from exc
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise ObjectExistsError(f"{self.url}/{key} already exists") from None
+        except OSError as exc:
+            raise StoreError(f"cannot create {self.url}/{key}: {exc}") from exc
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        _fsync_dir(path.parent)
+
+    def size(self, key: str) -> int:
+        path = self._path(key)
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"{self.url}/{key} does not exist") from None
+        if not path.is_file():
+            raise ObjectNotFoundError(f"{self.url}/{key} is not an object")
+        return st.st_size
+
+    def list(self, prefix: str = "") -> list[str]:
+        # Walk only the directory that can contain the prefix.
+        directory = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
+        if not directory.is_dir():
+            return []
+        keys = []
+        for dirpath, _, filenames in os.walk(directory):
+            for name in filenames:
+                if name.startswith(_TMP_PREFIX):
+                    continue
+                key = os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/")
+                if key.startswith(prefix):
+                    keys.append(key)
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._path(key).unlink()
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename/link durable (best effort: not every filesystem supports fsync on directories)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

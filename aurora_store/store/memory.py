@@ -1,0 +1,62 @@
+"""An in-process bucket (``memory://NAME``), shared by every opener of the same name in one process."""
+
+from __future__ import annotations
+
+import threading
+
+from aurora_store.errors import BucketNotFoundError, ObjectExistsError, ObjectNotFoundError
+from aurora_store.store.base import Bucket, Capabilities, check_key
+
+_REGISTRY: dict[str, dict[str, bytes]] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+class MemoryBucket(Bucket):
+    capabilities = Capabilities(atomic_create=True, remote=False)
+
+    def __init__(self, name: str, *, create: bool = False) -> None:
+        self.url = f"memory://{name}"
+        with _REGISTRY_LOCK:
+            if name not in _REGISTRY:
+                if not create:
+                    raise BucketNotFoundError(f"memory bucket {name!r} does not exist")
+                _REGISTRY[name] = {}
+            self._objects = _REGISTRY[name]
+        # One lock per bucket: create-only writes are check-and-set under it, hence atomic.
+        self._lock = _LOCKS.setdefault(name, threading.Lock())
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._objects[check_key(key)]
+        except KeyError:
+            raise ObjectNotFoundError(f"{self.url}/{key} does not exist") from None
+
+    def put(self, key: str, data: bytes) -> None:
+        with self._lock:
+            self._objects[check_key(key)] = bytes(data)
+
+    def create(self, key: str, data: bytes) -> None:
+        with self._lock:
+            if check_key(key) in self._objects:
+                raise ObjectExistsError(f"{self.url}/{key} already exists")
+            self._objects[key] = bytes(data)
+
+    def size(self, key: str) -> int:
+        return len(self.get(key))
+
+    def list(self, prefix: str = "") -> list[str]:
+        with self._lock:
+            return sorted(k for k in self._objects if k.startswith(prefix))
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self._objects.pop(check_key(key), None)
+
+
+_LOCKS: dict[str, threading.Lock] = {}
+
+
+def drop_memory_bucket(name: str) -> None:
+    """Forget a memory bucket (tests)."""
+    with _REGISTRY_LOCK:
+        _REGISTRY.pop(name, None)

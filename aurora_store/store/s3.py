@@ -1,0 +1,147 @@
+"""An S3 (or S3-compatible) bucket over boto3: ``s3://bucket/prefix[?endpoint_url=…&region=…]``.
+
+Create-only writes are ``PutObject`` with ``If-None-Match: *``: the server refuses with 412 if the key
+exists, so exactly one of several racing writers wins. botocore retries transport errors itself
+(standard mode); this module only translates the remaining failures into Aurora's typed errors, naming
+the bucket, and marks the ones worth a semantic retry (409 conditional conflicts, 5xx) as
+:class:`TransientStoreError`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+
+from aurora_store.config import TransferSettings
+from aurora_store.errors import (
+    BucketNotFoundError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    StoreAuthError,
+    StoreError,
+    TransientStoreError,
+)
+from aurora_store.store.base import Bucket, Capabilities, check_key
+
+_AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "AllAccessDisabled",
+               "ExpiredToken", "InvalidToken"}
+_MISSING_KEY_CODES = {"NoSuchKey", "404", "NotFound"}
+
+
+class S3Bucket(Bucket):
+    capabilities = Capabilities(atomic_create=True, remote=True)
+
+    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
+                 region: str | None = None, settings: TransferSettings | None = None,
+                 check: bool = True, client: Any = None) -> None:
+        settings = settings or TransferSettings()
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.endpoint_url = endpoint_url
+        query = f"?endpoint_url={endpoint_url}" if endpoint_url else ""
+        self.url = f"s3://{bucket}/{self.prefix}".rstrip("/") + query
+        self._local = threading.local()
+        self._client_kwargs = dict(
+            endpoint_url=endpoint_url, region_name=region or "us-east-1",
+            config=Config(retries={"mode": "standard", "max_attempts": 3},
+                          max_pool_connections=max(10, 2 * settings.streams),
+                          connect_timeout=settings.connect_timeout_s, read_timeout=settings.read_timeout_s),
+        )
+        self._shared_client = client
+        if check:
+            self._check_bucket()
+
+    @property
+    def client(self) -> Any:
+        # boto3 clients are thread-safe, but the session that makes them is not: one per thread.
+        if self._shared_client is not None:
+            return self._shared_client
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = boto3.session.Session().client("s3", **self._client_kwargs)
+            self._local.client = client
+        return client
+
+    def _key(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _check_bucket(self) -> None:
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except botocore.exceptions.ClientError as exc:
+            raise self._translate(exc, "open bucket") from None
+        except botocore.exceptions.BotoCoreError as exc:
+            raise StoreError(f"cannot reach S3 bucket {self.bucket!r} at "
+                             f"{self.endpoint_url or 'AWS'}: {exc}") from None
+
+    def _translate(self, exc: botocore.exceptions.ClientError, action: str, key: str | None = None) -> StoreError:
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        where = f"s3://{self.bucket}/{self._key(key)}" if key else f"S3 bucket {self.bucket!r}"
+        message = f"{action} {where}: {code or status} {error.get('Message', '')}".strip()
+        if code == "NoSuchBucket" or (key is None and status == 404):
+            return BucketNotFoundError(f"S3 bucket {self.bucket!r} does not exist"
+                                       f"{' at ' + self.endpoint_url if self.endpoint_url else ''}")
+        if code in _AUTH_CODES or status == 403:
+            return StoreAuthError(f"S3 rejected the credentials for bucket {self.bucket!r} ({code or status}); "
+                                  f"check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the instance role")
+        if code in _MISSING_KEY_CODES or status == 404:
+            return ObjectNotFoundError(f"{where} does not exist")
+        if code == "PreconditionFailed" or status == 412:
+            return ObjectExistsError(f"{where} already exists")
+        if code == "ConditionalRequestConflict" or status == 409 or status >= 500 or code in (
+                "SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout"):
+            return TransientStoreError(message)
+        return StoreError(message)
+
+    def _call(self, action: str, key: str | None, fn, **kwargs) -> Any:
+        try:
+            return fn(**kwargs)
+        except botocore.exceptions.ClientError as exc:
+            raise self._translate(exc, action, key) from None
+        except (botocore.exceptions.ConnectionError, botocore.exceptions.ReadTimeoutError,
+                botocore.exceptions.ConnectTimeoutError) as exc:
+            raise TransientStoreError(f"{action} s3://{self.bucket}/{key or ''}: {exc}") from None
+        except botocore.exceptions.BotoCoreError as exc:
+            raise StoreError(f"{action} s3://{self.bucket}/{key or ''}: {exc}") from None
+
+    def get(self, key: str) -> bytes:
+        response = self._call("read", key, self.client.get_object, Bucket=self.bucket, Key=self._key(key))
+        try:
+            return response["Body"].read()
+        except (botocore.exceptions.BotoCoreError, OSError) as exc:
+            raise TransientStoreError(f"read s3://{self.bucket}/{self._key(key)}: {exc}") from None
+
+    def put(self, key: str, data: bytes) -> None:
+        self._call("write", key, self.client.put_object, Bucket=self.bucket, Key=self._key(key), Body=data)
+
+    def create(self, key: str, data: bytes) -> None:
+        self._call("create", key, self.client.put_object, Bucket=self.bucket, Key=self._key(key), Body=data,
+                   IfNoneMatch="*")
+
+    def size(self, key: str) -> int:
+        head = self._call("stat", key, self.client.head_object, Bucket=self.bucket, Key=self._key(key))
+        return int(head["ContentLength"])
+
+    def list(self, prefix: str = "") -> list[str]:
+        base = f"{self.prefix}/" if self.prefix else ""
+        full, strip = base + prefix, len(base)
+        keys = []
+        paginator = self.client.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+                keys.extend(obj["Key"][strip:] for obj in page.get("Contents", ()))
+        except botocore.exceptions.ClientError as exc:
+            raise self._translate(exc, "list") from None
+        except botocore.exceptions.BotoCoreError as exc:
+            raise TransientStoreError(f"list s3://{self.bucket}/{full}: {exc}") from None
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        self._call("delete", key, self.client.delete_object, Bucket=self.bucket, Key=self._key(key))

@@ -1,0 +1,218 @@
+"""Full-weight snapshots for bootstrap: HuggingFace-named safetensors shards plus a manifest.
+
+``snapshots/<version>/`` holds ``model.safetensors`` (or ``model-0000k-of-0000n.safetensors`` shards with a
+``model.safetensors.index.json``), any side files (``config.json``, tokenizer files), and — written last,
+create-only — ``manifest.json`` with every file's SHA-256, the layout fingerprint and the weights digest.
+The directory loads directly into transformers or vLLM once downloaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from aurora_store.codec.digest import WeightsDigest, digest_state
+from aurora_store.codec.layout import ModelLayout
+from aurora_store.codec.manifest import canonical_json
+from aurora_store.errors import (
+    DigestMismatchError,
+    IntegrityError,
+    LayoutMismatchError,
+    ManifestError,
+    ObjectNotFoundError,
+    VersionExistsError,
+    VersionNotFoundError,
+)
+from aurora_store.store import keys
+from aurora_store.store.versions import DeltaStore
+
+SNAPSHOT_FORMAT = "aurora.snapshot/1"
+DEFAULT_SHARD_BYTES = 2 << 30
+
+
+@dataclass(frozen=True)
+class SnapshotFile:
+    name: str
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class SnapshotManifest:
+    version: int
+    layout_fingerprint: str
+    weights_digest: str
+    files: tuple[SnapshotFile, ...]
+    weight_files: tuple[str, ...]
+    created_at: str = ""
+    producer: Mapping[str, Any] = field(default_factory=dict)
+    signature: Mapping[str, str] | None = None
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_json(self, *, with_signature: bool = True) -> dict[str, Any]:
+        doc = {
+            "format": SNAPSHOT_FORMAT, "version": self.version, "layout_fingerprint": self.layout_fingerprint,
+            "weights_digest": self.weights_digest,
+            "files": [{"name": f.name, "sha256": f.sha256, "size": f.size} for f in self.files],
+            "weight_files": list(self.weight_files), "created_at": self.created_at, "producer": dict(self.producer),
+        }
+        if with_signature and self.signature is not None:
+            doc["signature"] = dict(self.signature)
+        return doc
+
+    def to_bytes(self) -> bytes:
+        return canonical_json(self.to_json())
+
+    def signing_bytes(self) -> bytes:
+        return canonical_json(self.to_json(with_signature=False))
+
+    def with_signature(self, signature: Mapping[str, str] | None) -> SnapshotManifest:
+        return replace(self, signature=signature)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SnapshotManifest:
+        try:
+            doc = json.loads(data)
+            if doc.get("format") != SNAPSHOT_FORMAT:
+                raise ManifestError(f"unknown snapshot format {doc.get('format')!r}")
+            WeightsDigest.parse(doc["weights_digest"])
+            return cls(
+                version=int(doc["version"]), layout_fingerprint=str(doc["layout_fingerprint"]),
+                weights_digest=str(doc["weights_digest"]),
+                files=tuple(SnapshotFile(str(f["name"]), str(f["sha256"]), int(f["size"])) for f in doc["files"]),
+                weight_files=tuple(str(n) for n in doc["weight_files"]), created_at=str(doc.get("created_at", "")),
+                producer=dict(doc.get("producer", {})),
+                signature=dict(doc["signature"]) if doc.get("signature") is not None else None)
+        except ManifestError:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ManifestError(f"malformed snapshot manifest: {exc!r}") from exc
+
+
+def shard_state(state: Mapping[str, torch.Tensor], shard_bytes: int) -> list[dict[str, torch.Tensor]]:
+    """Greedy, order-preserving split of tensors into shards of at most ``shard_bytes`` (one tensor may exceed)."""
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in state.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    return shards
+
+
+def encode_snapshot_files(state: Mapping[str, torch.Tensor], shard_bytes: int = DEFAULT_SHARD_BYTES,
+                          ) -> tuple[dict[str, bytes], tuple[str, ...]]:
+    """Serialise training-layout tensors as HF-style safetensors shard files."""
+    shards = shard_state({k: v.detach().contiguous() for k, v in state.items()}, shard_bytes)
+    files: dict[str, bytes] = {}
+    metadata = {"format": "pt"}
+    if len(shards) == 1:
+        files["model.safetensors"] = save_safetensors(shards[0], metadata=metadata)
+        return files, ("model.safetensors",)
+    weight_map = {}
+    total = 0
+    names = []
+    for i, shard in enumerate(shards, start=1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        files[name] = save_safetensors(shard, metadata=metadata)
+        names.append(name)
+        for tensor_name, tensor in shard.items():
+            weight_map[tensor_name] = name
+            total += tensor.numel() * tensor.element_size()
+    files["model.safetensors.index.json"] = json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2).encode()
+    return files, tuple(names)
+
+
+def write_snapshot(store: DeltaStore, version: int, state: Mapping[str, torch.Tensor], layout: ModelLayout,
+                   weights_digest: WeightsDigest, *, extra_files: Mapping[str, bytes] | None = None,
+                   shard_bytes: int = DEFAULT_SHARD_BYTES, created_at: str = "",
+                   producer: Mapping[str, Any] | None = None,
+                   sign=None) -> SnapshotManifest:
+    """Upload a snapshot of ``state`` (training names) and create its manifest last.
+
+    ``sign`` optionally turns the manifest into a signed one before it is written.
+    """
+    layout.check_state(state)
+    files, weight_files = encode_snapshot_files({n: state[n] for n in layout.train_names}, shard_bytes)
+    files.update(extra_files or {})
+    entries = []
+    for name, data in sorted(files.items()):
+        store.put_object(keys.snapshot_dir(version) + name, data)
+        entries.append(SnapshotFile(name, hashlib.sha256(data).hexdigest(), len(data)))
+    manifest = SnapshotManifest(version, layout.fingerprint, str(weights_digest), tuple(entries), weight_files,
+                                created_at, dict(producer or {}))
+    if sign is not None:
+        manifest = sign(manifest)
+    store.create_object(keys.snapshot_manifest(version), manifest.to_bytes(), error=VersionExistsError,
+                        message=f"snapshot {version} already exists in {store.url} with different content")
+    return manifest
+
+
+def read_snapshot_manifest(store: DeltaStore, version: int) -> SnapshotManifest:
+    try:
+        data = store.get_object(keys.snapshot_manifest(version))
+    except ObjectNotFoundError:
+        raise VersionNotFoundError(f"no snapshot of version {version} in {store.url}") from None
+    manifest = SnapshotManifest.from_bytes(data)
+    if manifest.version != version:
+        raise ManifestError(f"snapshot manifest under version {version} declares version {manifest.version}")
+    return manifest
+
+
+def read_snapshot_file(store: DeltaStore, manifest: SnapshotManifest, name: str) -> bytes:
+    entry = next((f for f in manifest.files if f.name == name), None)
+    if entry is None:
+        raise ManifestError(f"snapshot {manifest.version} has no file {name!r}")
+    for _ in range(2):  # one re-fetch on mismatch (e.g. a torn read), then give up
+        data = store.get_object(keys.snapshot_dir(manifest.version) + name)
+        if len(data) == entry.size and hashlib.sha256(data).hexdigest() == entry.sha256:
+            return data
+    raise IntegrityError(f"snapshot {manifest.version} file {name} in {store.url} does not match its digest")
+
+
+def load_snapshot(store: DeltaStore, version: int, layout: ModelLayout, *,
+                  download_dir: str | os.PathLike | None = None,
+                  verify_digest: bool = True) -> tuple[dict[str, torch.Tensor], SnapshotManifest]:
+    """Download and verify a snapshot; return its training-layout tensors (and optionally keep the files)."""
+    manifest = read_snapshot_manifest(store, version)
+    if manifest.layout_fingerprint != layout.fingerprint:
+        raise LayoutMismatchError(f"snapshot {version} has layout {manifest.layout_fingerprint}, "
+                                  f"expected {layout.fingerprint}")
+    state: dict[str, torch.Tensor] = {}
+    target_dir = Path(download_dir) if download_dir is not None else None
+    if target_dir is not None:
+        target_dir.mkdir(parents=True, exist_ok=True)
+    for entry in manifest.files:
+        data = read_snapshot_file(store, manifest, entry.name)
+        if target_dir is not None:
+            _atomic_write(target_dir / entry.name, data)
+        if entry.name in manifest.weight_files:
+            state.update(load_safetensors(data))
+    if verify_digest:
+        actual = digest_state(layout, state)
+        if str(actual) != manifest.weights_digest:
+            raise DigestMismatchError(f"snapshot {version} tensors hash to {actual}, manifest says "
+                                      f"{manifest.weights_digest}")
+    return state, manifest
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

@@ -1,0 +1,138 @@
+"""Bit-exact reconstruction, property-tested over shapes, bit patterns and chains of versions."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis.extra import numpy as hnp
+from hypothesis import strategies as st
+
+from aurora_store.bench.synthetic import QWEN3_BENCH_CONFIG, AdamSimulator
+from aurora_store.codec import CodecParams, DeltaManifest, ModelLayout, WeightTarget, apply_delta, digest_state
+from aurora_store.codec.digest import WeightsDigest
+from aurora_store.errors import UnsupportedDtypeError
+from tests.codec.helpers import TINY_QWEN3, blobs, encode, perturb, random_state, target_for
+
+SPECIAL_BITS = [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0x7F81, 0xFFC1, 0x0001, 0x8001, 0x7F7F]  # ±0, ±inf, NaNs…
+
+
+def assert_same_bits(target: WeightTarget, layout: ModelLayout, state) -> None:
+    expected = WeightTarget.from_state(layout, state)
+    for tensor in layout.tensors:
+        assert torch.equal(target.fused_bits(tensor.name), expected.fused_bits(tensor.name)), tensor.name
+
+
+def test_chain_of_25_versions_is_bit_exact_and_digests_match_from_scratch():
+    layout = ModelLayout.from_config(TINY_QWEN3)
+    states = [random_state(layout, seed=1)]
+    for step in range(25):
+        states.append(perturb(states[-1], fraction=0.03, seed=100 + step))
+    actor = target_for(layout, states[0], version=0)
+    digest = actor.digest
+    assert digest == digest_state(layout, states[0])
+    for version in range(1, len(states)):
+        manifest, segments = encode(layout, states[version - 1], states[version], version, version - 1, digest)
+        manifest = DeltaManifest.from_bytes(manifest.to_bytes())
+        apply_delta(manifest, blobs(segments), actor)
+        digest = WeightsDigest.parse(manifest.weights_digest)
+        assert actor.version == version
+        assert actor.digest == digest == digest_state(layout, states[version]) == actor.full_digest()
+        assert_same_bits(actor, layout, states[version])
+
+
+@st.composite
+def state_pairs(draw):
+    n_tensors = draw(st.integers(1, 4))
+    old, new = {}, {}
+    for i in range(n_tensors):
+        shape = tuple(draw(st.lists(st.integers(1, 24), min_size=1, max_size=3)))
+        pool = st.one_of(st.sampled_from(SPECIAL_BITS), st.integers(0, 0xFFFF))
+        base = draw(hnp.arrays(np.uint16, shape, elements=pool)).reshape(-1)
+        mode = draw(st.sampled_from(["none", "all", "some", "ulp"]))
+        if mode == "none":
+            changed = base.copy()
+        elif mode == "all":
+            changed = base ^ np.uint16(draw(st.integers(1, 0xFFFF)))
+        else:
+            mask = draw(hnp.arrays(np.bool_, base.size))
+            delta = np.where(mask, 1 if mode == "ulp" else draw(st.integers(1, 0xFFFF)), 0).astype(np.uint16)
+            changed = base + delta
+        old[f"t{i}"] = torch.from_numpy(base.view(np.int16).reshape(shape).copy()).view(torch.bfloat16)
+        new[f"t{i}"] = torch.from_numpy(changed.view(np.int16).reshape(shape).copy()).view(torch.bfloat16)
+    return old, new
+
+
+@given(state_pairs(), st.sampled_from(["delta16", "raw"]), st.sampled_from(["zstd", "none"]),
+       st.sampled_from([4096, 8192]))
+def test_any_pair_of_states_roundtrips_bit_exactly(pair, values, entropy, segment_bytes):
+    old, new = pair
+    layout = ModelLayout.identity(old)
+    params = CodecParams(segment_bytes=segment_bytes, values=values, entropy=entropy)
+    target = target_for(layout, old, version=3)
+    manifest, segments = encode(layout, old, new, 4, 3, target.digest, params)
+    changed = sum(int((old[k].view(torch.int16) != new[k].view(torch.int16)).sum()) for k in old)
+    assert manifest.changed_total == changed
+    if changed == 0:
+        assert segments == []
+    apply_delta(manifest, blobs(segments), target)
+    assert_same_bits(target, layout, new)
+    assert target.digest == target.full_digest() == digest_state(layout, new)
+
+
+def test_a_tensor_larger_than_a_segment_is_split_by_element_range():
+    layout = ModelLayout.identity({"big": torch.zeros(300_000, dtype=torch.bfloat16)})
+    old = {"big": torch.zeros(300_000, dtype=torch.bfloat16)}
+    new = {"big": torch.randn(300_000).to(torch.bfloat16)}  # everything changes
+    params = CodecParams(segment_bytes=64 * 1024)
+    target = target_for(layout, old, version=0)
+    manifest, segments = encode(layout, old, new, 1, 0, target.digest, params)
+    assert len(segments) > 5
+    ranges = [(c.lo, c.hi) for s in manifest.segments for c in s.chunks]
+    assert ranges[0][0] == 0 and ranges[-1][1] == 300_000
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])), "chunks tile the tensor in order"
+    assert max(s.size for s in manifest.segments) < 2 * params.segment_bytes
+    # segments may arrive in any order (parallel download)
+    apply_delta(manifest, [(s.ref, s.data) for s in reversed(segments)], target)
+    assert_same_bits(target, layout, new)
+
+
+def test_segments_are_content_addressed_and_deterministic():
+    layout = ModelLayout.from_config(TINY_QWEN3)
+    old = random_state(layout, 1)
+    new = perturb(old, 0.05, 2)
+    digest = digest_state(layout, old)
+    m1, s1 = encode(layout, old, new, 1, 0, digest)
+    m2, s2 = encode(layout, old, new, 1, 0, digest)
+    assert [s.data for s in s1] == [s.data for s in s2]
+    assert m1.to_bytes() == m2.to_bytes()
+
+
+def test_adam_step_deltas_cost_under_one_and_a_half_bytes_per_change():
+    config = dict(QWEN3_BENCH_CONFIG, hidden_size=512, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+                  intermediate_size=1536, num_hidden_layers=2, vocab_size=4096)
+    layout = ModelLayout.from_config(config)
+    sim = AdamSimulator(layout, lr=1e-6, seed=3)
+    for _ in range(4):
+        sim.step()
+    old = sim.published()
+    sim.step()
+    new = sim.published()
+    manifest, _ = encode(layout, old, new, 1, 0, digest_state(layout, old), CodecParams())
+    assert 0.005 < manifest.density < 0.05
+    assert (manifest.segment_bytes + len(manifest.to_bytes())) / manifest.changed_total < 1.5
+
+
+def test_non_16_bit_tensors_are_rejected_with_a_type_error():
+    layout = ModelLayout.identity({"w": torch.zeros(4, dtype=torch.bfloat16)})
+    with pytest.raises(UnsupportedDtypeError):
+        encode(layout, {"w": torch.zeros(4)}, {"w": torch.ones(4)}, 1, 0, WeightsDigest())
+
+
+def test_fp16_tensors_work_too():
+    old = {"w": torch.randn(100).half()}
+    new = {"w": old["w"] * 1.5}
+    layout = ModelLayout.identity(old)
+    target = target_for(layout, old, version=0)
+    manifest, segments = encode(layout, old, new, 1, 0, target.digest)
+    apply_delta(manifest, blobs(segments), target)
+    assert_same_bits(target, layout, new)

@@ -1,0 +1,157 @@
+"""Backend-neutral bucket conformance suite (à la zarr-python's StoreTests), run on every backend."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+
+from aurora_store.errors import (
+    BucketNotFoundError,
+    InvalidKeyError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+)
+from aurora_store.store import Bucket, open_bucket
+
+
+class BucketConformance:
+    """Subclasses provide a ``bucket`` fixture returning an empty bucket."""
+
+    def test_put_then_get(self, bucket: Bucket):
+        bucket.put("a/b/c.bin", b"hello")
+        assert bucket.get("a/b/c.bin") == b"hello"
+        bucket.put("a/b/c.bin", b"world")
+        assert bucket.get("a/b/c.bin") == b"world"
+
+    def test_empty_and_binary_objects(self, bucket: Bucket):
+        bucket.put("empty", b"")
+        assert bucket.get("empty") == b""
+        payload = bytes(range(256)) * 1000
+        bucket.put("blob", payload)
+        assert bucket.get("blob") == payload
+        assert bucket.size("blob") == len(payload)
+
+    def test_missing_object_is_typed(self, bucket: Bucket):
+        with pytest.raises(ObjectNotFoundError):
+            bucket.get("nope/x")
+        with pytest.raises(FileNotFoundError):
+            bucket.size("nope/x")
+        assert not bucket.exists("nope/x")
+
+    def test_create_only(self, bucket: Bucket):
+        bucket.create("deltas/000000000001.json", b"first")
+        with pytest.raises(ObjectExistsError):
+            bucket.create("deltas/000000000001.json", b"second")
+        with pytest.raises(FileExistsError):
+            bucket.create("deltas/000000000001.json", b"first")
+        assert bucket.get("deltas/000000000001.json") == b"first"
+
+    def test_racing_creates_have_exactly_one_winner(self, bucket: Bucket):
+        winners, losers = [], []
+        barrier = threading.Barrier(6)
+
+        def writer(i: int) -> None:
+            barrier.wait()
+            try:
+                bucket.create("race/key", f"writer-{i}".encode())
+                winners.append(i)
+            except ObjectExistsError:
+                losers.append(i)
+
+        threads = [threading.Thread(target=writer, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(winners) == 1 and len(losers) == 5
+        assert bucket.get("race/key") == f"writer-{winners[0]}".encode()
+
+    def test_list_is_sorted_and_filtered_by_prefix(self, bucket: Bucket):
+        for key in ["deltas/000000000002.json", "deltas/000000000001.json", "segments/ab/abcd", "run.json"]:
+            bucket.put(key, b"x")
+        assert bucket.list("deltas/") == ["deltas/000000000001.json", "deltas/000000000002.json"]
+        assert bucket.list("segments/") == ["segments/ab/abcd"]
+        assert bucket.list("nothing/") == []
+        assert bucket.list() == sorted(["deltas/000000000001.json", "deltas/000000000002.json",
+                                        "segments/ab/abcd", "run.json"])
+
+    def test_delete_is_idempotent(self, bucket: Bucket):
+        bucket.put("x/y", b"1")
+        bucket.delete("x/y")
+        bucket.delete("x/y")
+        assert not bucket.exists("x/y")
+
+    @pytest.mark.parametrize("key", ["", "/abs", "a/../b", "a//b", "./a"])
+    def test_invalid_keys_are_rejected(self, bucket: Bucket, key: str):
+        with pytest.raises(InvalidKeyError):
+            bucket.put(key, b"x")
+        with pytest.raises(ValueError):
+            bucket.get(key)
+
+
+class TestMemoryBucket(BucketConformance):
+    @pytest.fixture()
+    def bucket(self):
+        return open_bucket(f"memory://{uuid.uuid4().hex}", create=True)
+
+    def test_missing_bucket(self):
+        with pytest.raises(BucketNotFoundError):
+            open_bucket(f"memory://{uuid.uuid4().hex}")
+
+
+class TestLocalBucket(BucketConformance):
+    @pytest.fixture()
+    def bucket(self, tmp_path):
+        return open_bucket(str(tmp_path / "bucket"), create=True)
+
+    def test_file_url_and_missing_directory(self, tmp_path):
+        assert open_bucket(f"file://{tmp_path}").url == tmp_path.as_uri()
+        with pytest.raises(BucketNotFoundError):
+            open_bucket(str(tmp_path / "does-not-exist"))
+
+    def test_no_temp_files_are_left_or_listed(self, bucket):
+        bucket.put("a", b"1")
+        bucket.create("b", b"2")
+        with pytest.raises(ObjectExistsError):
+            bucket.create("b", b"3")
+        assert bucket.list() == ["a", "b"]
+        assert sorted(p.name for p in bucket.root.iterdir()) == ["a", "b"]
+
+
+class TestS3Bucket(BucketConformance):
+    @pytest.fixture()
+    def bucket(self, s3_bucket_url):
+        return open_bucket(s3_bucket_url)
+
+    def test_prefix_isolates_keys(self, s3_server, s3_bucket_url):
+        base = s3_bucket_url.split("?")[0]
+        query = s3_bucket_url.split("?")[1]
+        a = open_bucket(f"{base}/run-a?{query}")
+        b = open_bucket(f"{base}/run-b?{query}")
+        a.put("deltas/000000000001.json", b"a")
+        assert b.list() == []
+        assert a.list() == ["deltas/000000000001.json"]
+
+    def test_missing_bucket_is_named(self, s3_server):
+        with pytest.raises(BucketNotFoundError, match="no-such-bucket"):
+            open_bucket(s3_server.bucket_url("no-such-bucket"))
+
+    def test_wrong_credentials_give_a_clear_error_naming_the_bucket(self, s3_server, s3_bucket_url, monkeypatch):
+        from aurora_store.errors import StoreAuthError
+
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "definitely-wrong")
+        bucket_name = s3_bucket_url.split("//")[1].split("?")[0]
+        with pytest.raises(StoreAuthError, match=bucket_name) as info:
+            open_bucket(s3_bucket_url)
+        assert "botocore" not in str(info.value)
+        assert isinstance(info.value, PermissionError)
+
+    def test_unreachable_endpoint_is_a_store_error(self, monkeypatch):
+        from aurora_store.errors import StoreError
+        from aurora_store.localservices import free_port
+
+        monkeypatch.setenv("AURORA_CONNECT_TIMEOUT", "1")
+        with pytest.raises(StoreError):
+            open_bucket(f"s3://bucket?endpoint_url=http://127.0.0.1:{free_port()}")

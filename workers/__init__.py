@@ -1,0 +1,1 @@
+"""Aurora's processes: trainer, actor, relay, and the RL that drives them."""
