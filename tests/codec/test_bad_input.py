@@ -9,8 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aurora_store.codec import DeltaManifest, ModelLayout, SegmentRef, activate, apply_delta, stage
-from aurora_store.codec.segment import pack, unpack
-from aurora_store.codec.segment import EncodedChunk
+from aurora_store.codec.segment import EncodedChunk, pack, unpack
 from aurora_store.errors import (
     AuroraError,
     BaseVersionMismatchError,
@@ -88,7 +87,7 @@ def test_wrong_base_version_is_rejected(fresh):
 
 
 def test_wrong_base_weights_are_rejected(fresh):
-    target, manifest, segments = fresh
+    _, manifest, segments = fresh
     other = target_for(LAYOUT, NEW, version=0)  # right version number, different weights
     before, digest = snapshot_bits(other), other.digest
     with pytest.raises(BaseVersionMismatchError, match="digest"):
@@ -132,7 +131,7 @@ def test_out_of_range_index_is_rejected_even_with_valid_digests(fresh):
     bad = dataclasses.replace(bad, segments=(dataclasses.replace(ref, chunks=tuple(
         dataclasses.replace(c, lo=shifted.lo, hi=shifted.hi) if i == 0 else c
         for i, c in enumerate(ref.chunks))), *bad.segments[1:]))
-    with pytest.raises(CorruptSegmentError, match="exceeds|out of range"):
+    with pytest.raises(CorruptSegmentError, match=r"exceeds|out of range"):
         apply_delta(bad, {**blobs(segments), ref.digest: data}, target)
     assert_untouched(target, before, digest)
 

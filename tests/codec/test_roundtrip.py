@@ -1,11 +1,13 @@
 """Bit-exact reconstruction, property-tested over shapes, bit patterns and chains of versions."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given
-from hypothesis.extra import numpy as hnp
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from aurora_store.bench.synthetic import QWEN3_BENCH_CONFIG, AdamSimulator
 from aurora_store.codec import CodecParams, DeltaManifest, ModelLayout, WeightTarget, apply_delta, digest_state
@@ -89,7 +91,7 @@ def test_a_tensor_larger_than_a_segment_is_split_by_element_range():
     assert len(segments) > 5
     ranges = [(c.lo, c.hi) for s in manifest.segments for c in s.chunks]
     assert ranges[0][0] == 0 and ranges[-1][1] == 300_000
-    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])), "chunks tile the tensor in order"
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges)), "chunks tile the tensor in order"
     assert max(s.size for s in manifest.segments) < 2 * params.segment_bytes
     # segments may arrive in any order (parallel download)
     apply_delta(manifest, [(s.ref, s.data) for s in reversed(segments)], target)

@@ -1,0 +1,238 @@
+"""The control plane of one run on Redis: version events, live states, leases and results.
+
+All methods survive a Redis restart: calls reconnect with backoff (:class:`Reconnecting`), states are
+re-written by the next heartbeat, the results consumer group is re-created on demand, and lost
+notifications are recovered by re-reading the bucket (the caller's job) or by lease expiry.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterable, Mapping
+
+import redis
+
+from aurora_store.bus import streams
+from aurora_store.bus.client import BLOCK_MS, Reconnecting
+from aurora_store.bus.keys import RunKeys
+from aurora_store.bus.messages import (
+    ActorState,
+    Lease,
+    MessageError,
+    RelayState,
+    RolloutResult,
+    TrainerState,
+    VersionEvent,
+)
+
+HEARTBEAT_TTL_S = 10
+RESULTS_GROUP = "trainer"
+
+
+class ControlPlane:
+    def __init__(self, url: str, run: str, *, wait_s: float = 30.0, heartbeat_ttl_s: int = HEARTBEAT_TTL_S,
+                 on_reconnect: Callable[[], None] | None = None) -> None:
+        self.keys = RunKeys(run)
+        self.heartbeat_ttl_s = heartbeat_ttl_s
+        self.run = run
+        self.url = url
+        self._redis = Reconnecting(url, wait_s=wait_s, on_reconnect=on_reconnect)
+
+    @property
+    def reconnects(self) -> int:
+        return self._redis.reconnects
+
+    def call(self, fn: Callable[[redis.Redis], object]):
+        return self._redis.call(fn)
+
+    def now_ms(self) -> int:
+        return self._redis.call(streams.server_millis)
+
+    def close(self) -> None:
+        self._redis.close()
+
+    # --- version events --------------------------------------------------------------------------
+
+    def announce(self, event: VersionEvent) -> str:
+        return self._redis.call(lambda r: streams.add(r, self.keys.events(event.region), event.to_fields()))
+
+    def read_events(self, cursors: Mapping[str, str], *, block_ms: int | None = BLOCK_MS,
+                    ) -> list[tuple[str, str, VersionEvent]]:
+        """New events after ``cursors`` (region → last id); returns ``(region, id, event)``; malformed entries
+        are skipped (they cannot be trusted, and the bucket is the truth anyway)."""
+        keyed = {self.keys.events(region): cursor for region, cursor in cursors.items()}
+        regions = {self.keys.events(region): region for region in cursors}
+        out = []
+        for entry in self._redis.call(lambda r: streams.read(r, keyed, block_ms=block_ms)):
+            try:
+                out.append((regions[entry.stream], entry.id, VersionEvent.from_fields(entry.fields)))
+            except MessageError:
+                continue
+        return out
+
+    def latest_event_id(self, region: str) -> str:
+        """Id of the newest event of ``region`` (``"0"`` when none): read from here to see only new ones."""
+        return self.latest_id(self.keys.events(region))
+
+    def latest_id(self, stream: str) -> str:
+        last = self._redis.call(lambda r: r.xrevrange(stream, count=1))
+        return streams.decode(last[0][0]) if last else "0"
+
+    # --- live states -----------------------------------------------------------------------------
+
+    def register_actor(self, state: ActorState) -> str:
+        """Register (or re-register) an actor; returns the token its results must carry."""
+        token = secrets.token_hex(16)
+
+        def go(r: redis.Redis) -> None:
+            pipe = r.pipeline()
+            pipe.sadd(self.keys.actors, state.actor_id)
+            pipe.hset(self.keys.actor(state.actor_id), mapping={**state.to_fields(), "token": token})
+            pipe.expire(self.keys.actor(state.actor_id), self.heartbeat_ttl_s)
+            pipe.execute()
+            streams.add(r, self.keys.membership, {"kind": "join", "actor_id": state.actor_id,
+                                                  "region": state.region})
+        self._redis.call(go)
+        return token
+
+    def heartbeat_actor(self, state: ActorState, token: str) -> None:
+        def go(r: redis.Redis) -> None:
+            pipe = r.pipeline()
+            pipe.sadd(self.keys.actors, state.actor_id)
+            pipe.hset(self.keys.actor(state.actor_id), mapping={**state.to_fields(), "token": token})
+            pipe.expire(self.keys.actor(state.actor_id), self.heartbeat_ttl_s)
+            pipe.execute()
+        self._redis.call(go)
+
+    def deregister_actor(self, actor_id: str, region: str) -> None:
+        def go(r: redis.Redis) -> None:
+            pipe = r.pipeline()
+            pipe.srem(self.keys.actors, actor_id)
+            pipe.delete(self.keys.actor(actor_id))
+            pipe.execute()
+            streams.add(r, self.keys.membership, {"kind": "leave", "actor_id": actor_id, "region": region})
+        self._redis.call(go)
+
+    def actors(self) -> dict[str, tuple[ActorState, str]]:
+        """Live actors (heartbeat not expired) → ``(state, token)``; expired ones are pruned from the set."""
+        def go(r: redis.Redis) -> dict[str, tuple[ActorState, str]]:
+            ids = [streams.decode(i) for i in r.smembers(self.keys.actors)]
+            pipe = r.pipeline()
+            for actor_id in ids:
+                pipe.hgetall(self.keys.actor(actor_id))
+            out = {}
+            for actor_id, raw in zip(ids, pipe.execute()):
+                fields = {streams.decode(k): streams.decode(v) for k, v in (raw or {}).items()}
+                if not fields:
+                    r.srem(self.keys.actors, actor_id)
+                    continue
+                token = fields.pop("token", "")
+                try:
+                    out[actor_id] = (ActorState.from_fields(fields), token)
+                except MessageError:
+                    continue
+            return out
+        return self._redis.call(go)
+
+    def heartbeat_relay(self, state: RelayState) -> None:
+        def go(r: redis.Redis) -> None:
+            pipe = r.pipeline()
+            pipe.sadd(self.keys.relays, state.region)
+            pipe.hset(self.keys.relay(state.region), mapping=state.to_fields())
+            pipe.expire(self.keys.relay(state.region), self.heartbeat_ttl_s)
+            pipe.execute()
+        self._redis.call(go)
+
+    def relay(self, region: str) -> RelayState | None:
+        raw = self._redis.call(lambda r: r.hgetall(self.keys.relay(region)))
+        fields = {streams.decode(k): streams.decode(v) for k, v in (raw or {}).items()}
+        try:
+            return RelayState.from_fields(fields) if fields else None
+        except MessageError:
+            return None
+
+    def relays(self) -> dict[str, RelayState]:
+        regions = [streams.decode(x) for x in self._redis.call(lambda r: r.smembers(self.keys.relays))]
+        return {region: state for region in regions if (state := self.relay(region)) is not None}
+
+    def set_trainer_state(self, state: TrainerState) -> None:
+        def go(r: redis.Redis) -> None:
+            r.hset(self.keys.trainer, mapping=state.to_fields())
+            r.expire(self.keys.trainer, 6 * self.heartbeat_ttl_s)
+        self._redis.call(go)
+
+    def trainer_state(self) -> TrainerState | None:
+        raw = self._redis.call(lambda r: r.hgetall(self.keys.trainer))
+        fields = {streams.decode(k): streams.decode(v) for k, v in (raw or {}).items()}
+        try:
+            return TrainerState.from_fields(fields) if fields else None
+        except MessageError:
+            return None
+
+    # --- leases and results ----------------------------------------------------------------------
+
+    def grant(self, actor_id: str, leases: Iterable[Lease]) -> None:
+        def go(r: redis.Redis) -> None:
+            pipe = r.pipeline()
+            for lease in leases:
+                pipe.xadd(self.keys.work(actor_id), lease.to_fields(), maxlen=streams.DEFAULT_MAXLEN,
+                          approximate=True)
+            pipe.execute()
+        self._redis.call(go)
+
+    def read_work(self, actor_id: str, cursor: str, *, block_ms: int | None = BLOCK_MS,
+                  ) -> list[tuple[str, Lease]]:
+        out = []
+        entries = self._redis.call(lambda r: streams.read(r, {self.keys.work(actor_id): cursor}, block_ms=block_ms))
+        for entry in entries:
+            try:
+                out.append((entry.id, Lease.from_fields(entry.fields)))
+            except MessageError:
+                continue
+        return out
+
+    def send_result(self, result: RolloutResult) -> str:
+        return self._redis.call(lambda r: streams.add(r, self.keys.results, result.to_fields()))
+
+    def ensure_results_group(self) -> None:
+        self._redis.call(lambda r: streams.ensure_group(r, self.keys.results, RESULTS_GROUP))
+
+    def read_results(self, consumer: str, *, block_ms: int | None = BLOCK_MS,
+                     ) -> list[tuple[str, int, RolloutResult | None]]:
+        """New results for the trainer's group: ``(entry id, arrival ms on the server clock, result)``;
+        ``result`` is ``None`` for a malformed entry (counted and rejected by the caller)."""
+        entries = self._redis.call(
+            lambda r: streams.read_group(r, self.keys.results, RESULTS_GROUP, consumer, block_ms=block_ms))
+        out = []
+        for entry in entries:
+            try:
+                out.append((entry.id, entry.millis, RolloutResult.from_fields(entry.fields)))
+            except MessageError:
+                out.append((entry.id, entry.millis, None))
+        return out
+
+    def ack_results(self, ids: list[str]) -> None:
+        self._redis.call(lambda r: streams.ack(r, self.keys.results, RESULTS_GROUP, ids))
+
+    def claim_stale_results(self, consumer: str, min_idle_ms: int) -> list[tuple[str, int, RolloutResult | None]]:
+        """Take over results a dead trainer consumer read but never acknowledged (XAUTOCLAIM)."""
+        claimed = self._redis.call(
+            lambda r: streams.autoclaim(r, self.keys.results, RESULTS_GROUP, consumer, min_idle_ms))
+        out = []
+        for entry in claimed.entries:
+            try:
+                out.append((entry.id, entry.millis, RolloutResult.from_fields(entry.fields)))
+            except MessageError:
+                out.append((entry.id, entry.millis, None))
+        return out
+
+    # --- run log (for operators and notebooks) ---------------------------------------------------
+
+    def log_event(self, kind: str, **fields: object) -> None:
+        payload = {"kind": kind, **{k: "" if v is None else v for k, v in fields.items()}}
+        self._redis.call(lambda r: streams.add(r, self.keys.run_log, payload, maxlen=100_000))
+
+    def run_log(self, count: int = 100_000) -> list[dict[str, str]]:
+        entries = self._redis.call(lambda r: r.xrange(self.keys.run_log, count=count))
+        return [{"id": streams.decode(i), **{streams.decode(k): streams.decode(v) for k, v in f.items()}}
+                for i, f in entries]

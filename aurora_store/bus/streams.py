@@ -1,0 +1,131 @@
+"""Thin, typed helpers over Redis Streams.
+
+Stream entries carry flat string fields; payloads that need structure are JSON in one field. Streams are
+trimmed with ``MAXLEN ~`` — consumers never rely on an entry still being there: Redis notifies, the
+bucket (and the trainer's ledger) hold the truth.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from aurora_store.bus.client import BLOCK_MS
+
+DEFAULT_MAXLEN = 10_000
+
+
+@dataclass(frozen=True)
+class Entry:
+    stream: str
+    id: str
+    fields: Mapping[str, str]
+
+    @property
+    def millis(self) -> int:
+        """Server time (ms) at which the entry was added: part of every stream id."""
+        return int(self.id.split("-", 1)[0])
+
+    def json(self, field: str = "data") -> Any:
+        return json.loads(self.fields[field])
+
+
+def decode(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _entry(stream: str, raw_id: Any, raw_fields: Mapping[Any, Any] | None) -> Entry:
+    fields = {decode(k): decode(v) for k, v in (raw_fields or {}).items()}
+    return Entry(stream, decode(raw_id), fields)
+
+
+def add(client: redis.Redis, stream: str, fields: Mapping[str, Any], *, maxlen: int = DEFAULT_MAXLEN) -> str:
+    encoded = {k: v if isinstance(v, (str, bytes, int, float)) else json.dumps(v) for k, v in fields.items()}
+    return decode(client.xadd(stream, encoded, maxlen=maxlen, approximate=True))
+
+
+def read(client: redis.Redis, streams: Mapping[str, str], *, block_ms: int | None = BLOCK_MS,
+         count: int = 100) -> list[Entry]:
+    """XREAD after the given ids (``"$"`` = only new, ``"0"`` = from the start); blocks up to ``block_ms``.
+
+    ``block_ms`` of ``None`` or ``0`` returns at once (Redis itself reads ``BLOCK 0`` as "forever", which would
+    outlive the socket timeout)."""
+    reply = client.xread(dict(streams), count=count, block=block_ms or None)
+    out = []
+    for stream, entries in reply or ():
+        name = decode(stream)
+        out.extend(_entry(name, eid, fields) for eid, fields in entries)
+    return out
+
+
+def ensure_group(client: redis.Redis, stream: str, group: str, start: str = "0") -> None:
+    """Create a consumer group (and the stream) if missing; idempotent."""
+    try:
+        client.xgroup_create(stream, group, id=start, mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def read_group(client: redis.Redis, stream: str, group: str, consumer: str, *, block_ms: int | None = BLOCK_MS,
+               count: int = 100) -> list[Entry]:
+    """XREADGROUP of new entries; re-creates the group if the server lost it (e.g. after a restart)."""
+    try:
+        reply = client.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms or None)
+    except redis.ResponseError as exc:
+        if "NOGROUP" not in str(exc):
+            raise
+        ensure_group(client, stream, group)
+        reply = client.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms or None)
+    return [_entry(stream, eid, fields) for _, entries in reply or () for eid, fields in entries]
+
+
+def ack(client: redis.Redis, stream: str, group: str, ids: Sequence[str]) -> None:
+    if ids:
+        client.xack(stream, group, *ids)
+
+
+@dataclass(frozen=True)
+class AutoClaim:
+    next_id: str
+    entries: tuple[Entry, ...]
+    deleted: tuple[str, ...]
+
+
+def parse_autoclaim(stream: str, reply: Any) -> AutoClaim:
+    """Normalise an XAUTOCLAIM reply across server versions.
+
+    Redis ≥ 7 (and Valkey) reply ``[next, entries, deleted_ids]``; Redis 6.2 replies ``[next, entries]``.
+    Entries whose payload was trimmed away come back as ``[id, None]``: they are reported as deleted.
+    redis-py may already have parsed the reply into the same list shape.
+    """
+    if not isinstance(reply, (list, tuple)) or len(reply) not in (2, 3):
+        raise ValueError(f"unexpected XAUTOCLAIM reply: {reply!r}")
+    next_id = decode(reply[0])
+    entries, deleted = [], [decode(d) for d in (reply[2] if len(reply) == 3 else ())]
+    for item in reply[1] or ():
+        raw_id, raw_fields = item[0], item[1] if len(item) > 1 else None
+        if raw_fields is None:
+            deleted.append(decode(raw_id))
+            continue
+        if isinstance(raw_fields, (list, tuple)):  # unparsed flat [k1, v1, k2, v2, ...]
+            raw_fields = dict(zip(raw_fields[0::2], raw_fields[1::2]))
+        entries.append(_entry(stream, raw_id, raw_fields))
+    return AutoClaim(next_id, tuple(entries), tuple(deleted))
+
+
+def autoclaim(client: redis.Redis, stream: str, group: str, consumer: str, min_idle_ms: int,
+              start: str = "0-0", count: int = 100) -> AutoClaim:
+    """Claim entries pending longer than ``min_idle_ms`` in ``group`` (e.g. from a consumer that died)."""
+    reply = client.execute_command("XAUTOCLAIM", stream, group, consumer, min_idle_ms, start, "COUNT", count)
+    return parse_autoclaim(stream, reply)
+
+
+def server_millis(client: redis.Redis) -> int:
+    """The server's clock (ms), the same clock that stamps stream ids — one clock for leases and arrivals."""
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000

@@ -1,0 +1,206 @@
+"""The job ledger of one step: per-prompt leases that expire, and the acceptance predicate.
+
+A result for lease ``j`` is accepted iff it arrived before the lease expired (server clock: the result's
+stream id), was generated on the job's version, carries that version's weights digest, comes from the
+actor the lease was granted to (with its registration token), and its prompt has not been accepted yet.
+Everything else is rejected and counted by reason. Expired or returned leases put their prompt back in the
+pool, so no prompt is ever lost or counted twice. Time is always passed in (``now_ms``): the ledger is a
+pure state machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aurora_store.bus.messages import Lease, RolloutResult
+from aurora_store.errors import SchedulingError
+
+REASONS = ("late", "wrong_version", "wrong_digest", "unknown_lease", "duplicate", "wrong_actor", "bad_token",
+           "malformed", "not_active")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    prompt_id: str
+    text: str
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LeaseRecord:
+    lease: Lease
+    actor_id: str
+    granted_ms: int
+    state: str = "active"  # active | accepted | expired | returned | superseded
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted: bool
+    reason: str  # "ok" or one of REASONS
+    lease: LeaseRecord | None = None
+    latency_ms: int | None = None
+
+
+@dataclass
+class LeasePolicy:
+    """Lease duration = ``factor`` × median completion time, clamped; ``initial_ms`` until measured."""
+
+    factor: float = 2.5
+    initial_ms: int = 60_000
+    min_ms: int = 2_000
+    max_ms: int = 600_000
+    window: int = 256
+    _samples: deque = field(default_factory=lambda: deque(maxlen=256))
+
+    def observe(self, completion_ms: int) -> None:
+        self._samples.append(max(int(completion_ms), 1))
+
+    def duration_ms(self) -> int:
+        if not self._samples:
+            return self.initial_ms
+        median = statistics.median(self._samples)
+        return int(min(max(self.factor * median, self.min_ms), self.max_ms))
+
+
+class StepLedger:
+    def __init__(self, step: int, version: int, weights_digest: str, prompts: Iterable[Prompt],
+                 policy: LeasePolicy | None = None, *, group_size: int = 1, max_new_tokens: int = 16,
+                 temperature: float = 1.0, token_of: Callable[[str], str | None] | None = None) -> None:
+        self.step = step
+        self.version = version
+        self.weights_digest = weights_digest
+        self.prompts = {p.prompt_id: p for p in prompts}
+        if not self.prompts:
+            raise SchedulingError("a step needs at least one prompt")
+        self.policy = policy or LeasePolicy()
+        self.group_size = group_size
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.token_of = token_of or (lambda _actor: None)
+        self.pool: deque[str] = deque(self.prompts)
+        self.leases: dict[str, LeaseRecord] = {}
+        self.accepted: dict[str, RolloutResult] = {}
+        self.rejected: Counter[str] = Counter()
+        self.expired = 0
+        self.returned = 0
+        self.granted = 0
+
+    # --- granting --------------------------------------------------------------------------------
+
+    @property
+    def complete(self) -> bool:
+        return len(self.accepted) == len(self.prompts)
+
+    @property
+    def outstanding(self) -> int:
+        return sum(1 for r in self.leases.values() if r.state == "active")
+
+    def grant(self, actor_id: str, count: int, now_ms: int) -> list[Lease]:
+        """Lease up to ``count`` pooled prompts to ``actor_id``."""
+        out = []
+        duration = self.policy.duration_ms()
+        while self.pool and len(out) < count:
+            prompt = self.prompts[self.pool.popleft()]
+            lease = Lease(lease_id=uuid.uuid4().hex, prompt_id=prompt.prompt_id, step=self.step,
+                          version=self.version, weights_digest=self.weights_digest, expires_ms=now_ms + duration,
+                          prompt=prompt.text, group_size=self.group_size, max_new_tokens=self.max_new_tokens,
+                          temperature=self.temperature)
+            self.leases[lease.lease_id] = LeaseRecord(lease, actor_id, now_ms)
+            out.append(lease)
+        self.granted += len(out)
+        return out
+
+    def expire(self, now_ms: int) -> list[LeaseRecord]:
+        """Return every lease past its expiry to the pool."""
+        expired = []
+        for record in self.leases.values():
+            if record.state == "active" and now_ms > record.lease.expires_ms:
+                record.state = "expired"
+                self.pool.append(record.lease.prompt_id)
+                expired.append(record)
+        self.expired += len(expired)
+        return expired
+
+    def give_back(self, lease_id: str, actor_id: str) -> bool:
+        """An actor hands back an unfinished lease (graceful leave): its prompt is re-pooled at once."""
+        record = self.leases.get(lease_id)
+        if record is None or record.state != "active" or record.actor_id != actor_id:
+            return False
+        record.state = "returned"
+        self.pool.append(record.lease.prompt_id)
+        self.returned += 1
+        return True
+
+    def revoke_actor(self, actor_id: str) -> int:
+        """Re-pool every active lease of an actor known to be gone (e.g. it deregistered)."""
+        n = 0
+        for lease_id, record in list(self.leases.items()):
+            if record.actor_id == actor_id and self.give_back(lease_id, actor_id):
+                n += 1
+        return n
+
+    # --- settlement ------------------------------------------------------------------------------
+
+    def settle(self, result: RolloutResult | None, arrival_ms: int) -> Verdict:
+        if result is None or result.kind != "result":
+            return self._reject("malformed", None)
+        record = self.leases.get(result.lease_id)
+        if record is None:
+            return self._reject("unknown_lease", None)
+        if record.actor_id != result.actor_id:
+            return self._reject("wrong_actor", record)
+        expected_token = self.token_of(result.actor_id)
+        if expected_token is not None and result.token != expected_token:
+            return self._reject("bad_token", record)
+        if arrival_ms > record.lease.expires_ms:
+            return self._reject("late", record)
+        if result.version != record.lease.version:
+            return self._reject("wrong_version", record)
+        if result.weights_digest != record.lease.weights_digest:
+            return self._reject("wrong_digest", record)
+        prompt_id = record.lease.prompt_id
+        if prompt_id in self.accepted:
+            return self._reject("duplicate", record)
+        if record.state not in ("active", "expired"):
+            return self._reject("not_active", record)
+        if record.state == "expired":
+            # On time by the server clock, but the expiry sweep ran before we read it: still valid. Take the
+            # prompt back from the pool, or from whoever it was re-leased to.
+            if prompt_id in self.pool:
+                self.pool.remove(prompt_id)
+            for other in self.leases.values():
+                if other.lease.prompt_id == prompt_id and other.state == "active":
+                    other.state = "superseded"
+        record.state = "accepted"
+        self.accepted[prompt_id] = result
+        latency = arrival_ms - record.granted_ms
+        self.policy.observe(latency)
+        return Verdict(True, "ok", record, latency)
+
+    def _reject(self, reason: str, record: LeaseRecord | None) -> Verdict:
+        self.rejected[reason] += 1
+        return Verdict(False, reason, record)
+
+    # --- invariants (cheap enough to assert in tests and at step end) ----------------------------
+
+    def check_invariants(self) -> None:
+        active = [r.lease.prompt_id for r in self.leases.values() if r.state == "active"]
+        pooled = list(self.pool)
+        accepted = list(self.accepted)
+        everything = pooled + active + accepted
+        # every prompt is pooled, leased or accepted, and prompts never duplicate across those
+        if sorted(set(everything)) != sorted(self.prompts):
+            raise SchedulingError("a prompt was lost")
+        if len(set(accepted)) != len(accepted) or len(set(pooled) & set(accepted)) or len(set(active) & set(accepted)):
+            raise SchedulingError("a prompt is counted twice")
+
+    def counters(self) -> dict[str, int]:
+        return {"accepted": len(self.accepted), "rejected": sum(self.rejected.values()), "granted": self.granted,
+                "expired": self.expired, "returned": self.returned,
+                **{f"rejected_{k}": v for k, v in self.rejected.items()}}

@@ -1,0 +1,152 @@
+"""The Redis control plane against a real Valkey server: events, states, leases, results, faults."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aurora_store.bus import ActorState, ControlPlane, Lease, RolloutResult, VersionEvent, connect
+from aurora_store.bus.streams import parse_autoclaim
+from aurora_store.errors import BusAuthError, BusError
+from aurora_store.localservices import RedisServer, free_port
+
+
+def actor_state(actor_id="a1", version=3, **kw) -> ActorState:
+    base = dict(actor_id=actor_id, region="eu", engine="torch", active_version=version, active_digest="lthash128:"
+                + "0" * 32, staged_version=None, tokens_per_s=12.5, leases=0, status="ready", heartbeat_ms=1,
+                source="regional")
+    return ActorState(**{**base, **kw})
+
+
+@given(st.builds(VersionEvent, kind=st.sampled_from(VersionEvent.KINDS), version=st.integers(0, 10**9),
+                 region=st.text("abcxyz-", min_size=1, max_size=8),
+                 base=st.one_of(st.none(), st.integers(0, 10**9)),
+                 manifest_key=st.one_of(st.none(), st.text("abc/0.json", min_size=1)),
+                 weights_digest=st.one_of(st.none(), st.just("lthash128:" + "a" * 32)),
+                 segment=st.one_of(st.none(), st.just("f" * 64)), size=st.one_of(st.none(), st.integers(0, 2**40)),
+                 sent_ms=st.one_of(st.none(), st.integers(0, 2**45))))
+def test_version_events_roundtrip_through_fields(event):
+    assert VersionEvent.from_fields(event.to_fields()) == event
+
+
+def test_malformed_messages_are_typed_errors():
+    from aurora_store.bus import MessageError
+
+    with pytest.raises(MessageError):
+        VersionEvent.from_fields({"kind": "bogus", "version": "1", "region": "x"})
+    with pytest.raises(MessageError):
+        VersionEvent.from_fields({"kind": "staged", "version": "one", "region": "x"})
+    with pytest.raises(ValueError):
+        Lease.from_fields({"lease_id": "x"})
+
+
+def test_events_are_delivered_in_order_and_blocking_reads_time_out_quietly(redis_url):
+    plane = ControlPlane(redis_url, "r1")
+    cursor = plane.latest_event_id("home")
+    for v in (1, 2, 3):
+        plane.announce(VersionEvent("staged", v, "home", base=v - 1, manifest_key=f"deltas/{v}.json"))
+    got = plane.read_events({"home": cursor}, block_ms=100)
+    assert [e.version for _, _, e in got] == [1, 2, 3]
+    started = time.monotonic()
+    assert plane.read_events({"home": got[-1][1]}, block_ms=1500) == []  # > default block, < socket timeout
+    assert time.monotonic() - started >= 1.4
+
+
+def test_actor_registration_heartbeat_expiry_and_leave(redis_url):
+    plane = ControlPlane(redis_url, "r2", heartbeat_ttl_s=1)
+    token = plane.register_actor(actor_state("a1"))
+    plane.register_actor(actor_state("a2", version=2))
+    actors = plane.actors()
+    assert set(actors) == {"a1", "a2"} and actors["a1"][1] == token and actors["a2"][0].active_version == 2
+    plane.deregister_actor("a2", "eu")
+    assert set(plane.actors()) == {"a1"}
+    time.sleep(1.3)  # no heartbeat: the actor's state expires and it is pruned
+    assert plane.actors() == {}
+    membership = plane.call(lambda r: r.xrange(plane.keys.membership))
+    assert [f[b"kind"] for _, f in membership] == [b"join", b"join", b"leave"]
+
+
+def test_leases_and_results_with_consumer_group_and_autoclaim(redis_url):
+    plane = ControlPlane(redis_url, "r3")
+    plane.ensure_results_group()
+    lease = Lease("L1", "p1", 1, 4, "lthash128:" + "1" * 32, 123, "2+2=", 4, 8)
+    plane.grant("a1", [lease])
+    work = plane.read_work("a1", "0", block_ms=100)
+    assert [w for _, w in work] == [lease]
+    result = RolloutResult("result", "L1", "a1", "tok", 4, "lthash128:" + "1" * 32, 17, 0.5,
+                           [{"ids": [1, 2], "logprobs": [-0.1, -0.2], "text": "4"}])
+    plane.send_result(result)
+    got = plane.read_results("trainer-old", block_ms=100)
+    assert got[0][2] == result and got[0][1] > 0
+    # the consumer dies without acking; a restarted trainer claims the pending entry
+    time.sleep(0.05)
+    claimed = plane.claim_stale_results("trainer-new", min_idle_ms=10)
+    assert [r for _, _, r in claimed] == [result]
+    plane.ack_results([claimed[0][0]])
+    assert plane.claim_stale_results("trainer-new", min_idle_ms=0) == []
+
+
+def test_autoclaim_reply_shapes_of_redis_6_and_7():
+    six = [b"0-0", [[b"1-0", [b"kind", b"result"]], [b"2-0", None]]]
+    seven = [b"0-0", [[b"1-0", {b"kind": b"result"}]], [b"3-0"]]
+    a, b = parse_autoclaim("s", six), parse_autoclaim("s", seven)
+    assert [e.fields for e in a.entries] == [{"kind": "result"}] == [e.fields for e in b.entries]
+    assert a.deleted == ("2-0",) and b.deleted == ("3-0",)
+    with pytest.raises(ValueError):
+        parse_autoclaim("s", [b"0-0"])
+
+
+def test_redis_unreachable_at_start_is_a_clear_error():
+    port = free_port()
+    started = time.monotonic()
+    with pytest.raises(BusError, match=str(port)):
+        connect(f"redis://127.0.0.1:{port}/0", wait_s=1.0)
+    assert time.monotonic() - started < 10
+
+
+def test_redis_that_comes_up_late_is_waited_for():
+    server = RedisServer()
+    import threading
+
+    threading.Timer(1.0, server.start).start()
+    try:
+        client = connect(server.url, wait_s=20)
+        assert client.ping()
+    finally:
+        time.sleep(0.2)
+        server.stop()
+
+
+def test_wrong_password_fails_fast_without_a_retry_storm():
+    with RedisServer(password="s3cret").start() as server:
+        started = time.monotonic()
+        with pytest.raises(BusAuthError, match="credentials"):
+            connect(server.url.replace("s3cret", "wrong"), wait_s=30)
+        assert time.monotonic() - started < 3, "auth errors must not be retried for wait_s"
+        with pytest.raises(BusAuthError):
+            connect(server.url.replace(":s3cret@", ""), wait_s=30)
+        assert connect(server.url).ping()
+
+
+def test_restart_mid_run_reconnects_and_recreates_the_group():
+    with RedisServer().start() as server:
+        reconnected = []
+        plane = ControlPlane(server.url, "r4", on_reconnect=lambda: reconnected.append(1))
+        plane.ensure_results_group()
+        plane.send_result(RolloutResult("return", "L1", "a1", "t"))
+        assert len(plane.read_results("c", block_ms=100)) == 1
+        server.restart()  # all data lost: streams, groups, states
+        time.sleep(1.1)
+        plane.register_actor(actor_state("a9"))  # reconnects transparently
+        assert reconnected and set(plane.actors()) == {"a9"}
+        plane.send_result(RolloutResult("return", "L2", "a9", "t"))
+        got = plane.read_results("c", block_ms=100)  # NOGROUP → group re-created → reads new entry
+        assert [r.lease_id for _, _, r in got] == ["L2"]
+
+
+def test_plain_client_api_still_works(redis_url):
+    assert isinstance(connect(redis_url), redis.Redis)

@@ -1,0 +1,352 @@
+"""The rollout actor process.
+
+Lifecycle: bootstrap from the newest snapshot in its bucket, replay deltas up to the committed version,
+register, then loop: take leases, generate a batch on the active version (stamping version and digest at
+dispatch), return results. In the background it stages ``D_{v+1}`` (fetch + verify + decode) while
+generating on ``v``; at the next batch boundary, once ``v+1`` is committed, it activates it by in-place
+scatter — only if its active version is the delta's base. SIGTERM = graceful leave.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from aurora_store import logs
+from aurora_store.bus import ActorState, ControlPlane, Lease, RolloutResult
+from aurora_store.codec import StagedDelta, activate
+from aurora_store.codec.digest import WeightsDigest
+from aurora_store.config import TransferSettings
+from aurora_store.errors import AuroraError, BusError, DigestMismatchError, VersionNotFoundError
+from aurora_store.store import DeltaStore, open_bucket, plan_catch_up
+from aurora_store.store.replay import stage_version
+from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
+from workers.actor.cli import ActorConfig, parse_args
+from workers.actor.engine import Engine, load_engine
+from workers.actor.sources import VersionSources
+
+log = logging.getLogger("aurora.actor")
+
+
+class Actor:
+    def __init__(self, config: ActorConfig) -> None:
+        self.config = config
+        self.actor_id = config.actor_id or f"{config.region}-{socket.gethostname()}-{os.getpid()}"
+        settings = TransferSettings.from_env()
+        if config.streams:
+            settings = TransferSettings(**{**settings.__dict__, "streams": config.streams})
+        self.settings = settings
+        self.plane = ControlPlane(config.redis, config.run, wait_s=120)
+        self.regional = DeltaStore(open_bucket(config.bucket, settings=settings), settings)
+        self.engine: Engine | None = None
+        self.sources: VersionSources | None = None
+        self.lock = threading.Condition()
+        self.staged: StagedDelta | None = None
+        self.known_latest = -1
+        self.committed = -1
+        self.queue: deque[Lease] = deque()
+        self.token = ""
+        self.leaving = threading.Event()
+        self.stopped = threading.Event()
+        self.tokens_per_s = 0.0
+        self.downloaded_bytes = 0
+        self.activations = 0
+        self.calibrated_at = 0.0
+        self.status = "starting"
+        self.cache_dir = Path(config.cache_dir or f"/tmp/aurora-actor-{self.actor_id}")
+
+    # --- bootstrap -------------------------------------------------------------------------------
+
+    def _wait_for_run(self, timeout_s: float = 300.0) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            info = self.regional.run_info()
+            if info is not None and self.regional.snapshot_versions():
+                return info
+            if self.config.source_bucket:
+                source = DeltaStore(open_bucket(self.config.source_bucket, settings=self.settings), self.settings)
+                info = source.run_info()
+                if info is not None and source.snapshot_versions():
+                    return info
+            if time.monotonic() > deadline:
+                raise VersionNotFoundError(f"no run and snapshot appeared in {self.regional.url}")
+            time.sleep(0.5)
+
+    def bootstrap(self) -> None:
+        info = self._wait_for_run()
+        source_url = self.config.source_bucket or info.get("source_bucket")
+        source = None
+        if source_url and source_url != self.regional.url:
+            source = DeltaStore(open_bucket(source_url, settings=self.settings), self.settings)
+        self.sources = VersionSources(self.regional, source, self.config.region, info.get("home_region", ""),
+                                      self.plane)
+        self.sources.refresh()
+        store = self.sources.store()
+        if not store.snapshot_versions() and source is not None:
+            store = source  # regional bucket not seeded yet
+        self.layout = store.layout(info["layout"])
+        trainer = self.plane.trainer_state()
+        latest = store.latest_version() or 0
+        self.committed = trainer.committed if trainer is not None and trainer.committed >= 0 else max(latest - 1, 0)
+        goal = min(latest, self.committed)
+        snapshots = {s: read_snapshot_manifest(store, s).total_bytes for s in store.snapshot_versions() if s <= goal}
+        plan = plan_catch_up(None, goal, {v: store.delta_bytes(v) for v in store.versions() if v <= goal}, snapshots)
+        model_dir = self.cache_dir / f"snapshot-{plan.snapshot}"
+        _, manifest = load_snapshot(store, plan.snapshot, self.layout, download_dir=model_dir)
+        self.downloaded_bytes += manifest.total_bytes
+        self.engine = load_engine(self.config.engine, model_dir, self.layout, seed=self.config.seed)
+        target = self.engine.target
+        target.version = plan.snapshot
+        target.digest = WeightsDigest.parse(manifest.weights_digest)
+        if target.full_digest() != target.digest:
+            raise DigestMismatchError("engine weights differ from the snapshot it loaded")
+        for version in plan.deltas:
+            staged = stage_version(store, version, target, streams=self.settings.streams,
+                                   on_fetched=self._count_bytes)
+            activate(staged, target)
+            self.downloaded_bytes += len(staged.manifest.to_bytes())
+        self.engine.weights_changed()
+        self.known_latest = max(latest, target.version)
+        self.plane.log_event("actor_bootstrap", actor=self.actor_id, region=self.config.region,
+                             snapshot=plan.snapshot, deltas=len(plan.deltas), planned_bytes=plan.bytes,
+                             downloaded_bytes=self.downloaded_bytes, version=target.version)
+        logs.set_version(target.version)
+        log.info("bootstrapped", extra={"snapshot": plan.snapshot, "deltas": list(plan.deltas),
+                                        "planned_bytes": plan.bytes, "downloaded_bytes": self.downloaded_bytes})
+
+    def _count_bytes(self, nbytes: int) -> None:
+        self.downloaded_bytes += nbytes
+
+    # --- state -----------------------------------------------------------------------------------
+
+    @property
+    def target(self):
+        return self.engine.target
+
+    def state(self) -> ActorState:
+        staged = self.staged
+        return ActorState(
+            actor_id=self.actor_id, region=self.config.region, engine=self.config.engine,
+            active_version=self.target.version if self.engine else None,
+            active_digest=str(self.target.digest) if self.engine else None,
+            staged_version=staged.version if staged is not None else None, tokens_per_s=self.tokens_per_s,
+            leases=len(self.queue), status=self.status, heartbeat_ms=int(time.time() * 1000),
+            source=self.sources.label if self.sources else "regional", downloaded_bytes=self.downloaded_bytes,
+            host=socket.gethostname())
+
+    def _heartbeat_loop(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                self.plane.heartbeat_actor(self.state(), self.token)
+                if self.sources is not None and self.sources.refresh():
+                    with self.lock:
+                        self.lock.notify_all()
+            except AuroraError as exc:
+                log.warning("heartbeat failed", extra={"error": str(exc)})
+            self.stopped.wait(1.0)
+
+    # --- background: learn about versions and stage the next one ---------------------------------
+
+    def _events_loop(self) -> None:
+        cursors = {r: self.plane.latest_event_id(r) for r in self.sources.event_regions()}
+        last_poll = 0.0
+        while not self.stopped.is_set():
+            try:
+                regions = self.sources.event_regions()
+                for region in regions:
+                    cursors.setdefault(region, self.plane.latest_event_id(region))
+                for region, entry_id, event in self.plane.read_events({r: cursors[r] for r in regions},
+                                                                      block_ms=500):
+                    cursors[region] = entry_id
+                    with self.lock:
+                        if event.kind == "staged":
+                            self.known_latest = max(self.known_latest, event.version)
+                        elif event.kind == "commit":
+                            self.committed = max(self.committed, event.version)
+                        self.lock.notify_all()
+                if time.monotonic() - last_poll > 2.0:  # the bucket is the truth: notifications may be lost
+                    last_poll = time.monotonic()
+                    latest = self.sources.store().latest_version()
+                    trainer = self.plane.trainer_state()
+                    with self.lock:
+                        if latest is not None:
+                            self.known_latest = max(self.known_latest, latest)
+                        if trainer is not None:
+                            self.committed = max(self.committed, trainer.committed)
+                        self.lock.notify_all()
+            except (AuroraError, OSError) as exc:
+                log.warning("event loop error", extra={"error": str(exc)})
+                self.stopped.wait(0.5)
+
+    def _stager_loop(self) -> None:
+        while not self.stopped.is_set():
+            with self.lock:
+                want = self.target.version + 1
+                if self.staged is not None or self.known_latest < want:
+                    self.lock.wait(0.5)
+                    continue
+            try:
+                staged = stage_version(self.sources.store(), want, self.target, streams=self.settings.streams,
+                                       on_fetched=self._count_bytes)
+            except VersionNotFoundError:
+                self.stopped.wait(0.3)  # announced but not in this bucket yet (relay still copying)
+                continue
+            except AuroraError as exc:
+                # Corrupt or tampered input is refused; the weights are untouched. Try again later (a
+                # re-fetch, or the source bucket if the relay is gone).
+                log.error("staging version %d failed", want, extra={"error": str(exc), "kind": type(exc).__name__})
+                self.plane.log_event("stage_failed", actor=self.actor_id, version=want, error=type(exc).__name__)
+                self.stopped.wait(1.0)
+                continue
+            with self.lock:
+                if staged.base_version == self.target.version:
+                    self.staged = staged
+                    self.lock.notify_all()
+
+    # --- the main loop ---------------------------------------------------------------------------
+
+    def _activate_ready(self) -> None:
+        """At a batch boundary: activate staged versions that are committed (or demanded by a lease)."""
+        demanded = max((lease.version for lease in self.queue), default=-1)
+        while True:
+            with self.lock:
+                staged = self.staged
+                if staged is None or staged.version > max(self.committed, demanded):
+                    return
+                if staged.base_version != self.target.version:
+                    self.staged = None
+                    continue
+                started = time.perf_counter()
+                activate(staged, self.target)
+                self.engine.weights_changed()
+                self.staged = None
+                self.activations += 1
+                self.lock.notify_all()
+            seconds = time.perf_counter() - started
+            logs.set_version(self.target.version)
+            if self.config.verify_full_digest and self.target.full_digest() != self.target.digest:
+                raise DigestMismatchError(f"weights after activating {staged.version} do not hash to its digest")
+            self.plane.log_event("activate", actor=self.actor_id, region=self.config.region, version=staged.version,
+                                 digest=str(self.target.digest), seconds=round(seconds, 6))
+            log.info("activated version %d", staged.version, extra={"activate_s": round(seconds, 6)})
+
+    def _pull_work(self, cursor: str, block_ms: int | None) -> str:
+        for entry_id, lease in self.plane.read_work(self.actor_id, cursor, block_ms=block_ms):
+            cursor = entry_id
+            self.queue.append(lease)
+            with self.lock:  # a lease on v implies v is published and committed
+                if lease.version > self.known_latest:
+                    self.known_latest = lease.version
+                    self.lock.notify_all()
+        return cursor
+
+    def _return(self, leases: list[Lease]) -> None:
+        for lease in leases:
+            self.plane.send_result(RolloutResult("return", lease.lease_id, self.actor_id, self.token))
+
+    def _generate(self, batch: list[Lease]) -> None:
+        version, digest = self.target.version, str(self.target.digest)  # stamped at dispatch
+        started = time.perf_counter()
+        groups = self.engine.generate([lease.prompt for lease in batch], batch[0].group_size,
+                                      self.config.max_new_tokens or batch[0].max_new_tokens, batch[0].temperature,
+                                      seed=(int(batch[0].lease_id[:8], 16) ^ self.config.seed) & 0x7FFFFFFF)
+        elapsed = time.perf_counter() - started
+        if self.config.slowdown > 1:
+            time.sleep((self.config.slowdown - 1) * elapsed)
+            elapsed *= self.config.slowdown
+        tokens = sum(len(c.ids) for group in groups for c in group)
+        if len(batch) >= self.config.batch_size and elapsed > 0:
+            # Capacity is measured on full batches only: partial batches are dominated by fixed costs and
+            # would make an under-used actor look slow, starving it further.
+            self.tokens_per_s = 0.7 * self.tokens_per_s + 0.3 * tokens / elapsed
+        share = elapsed / len(batch)
+        for lease, group in zip(batch, groups):
+            self.plane.send_result(RolloutResult(
+                "result", lease.lease_id, self.actor_id, self.token, version, digest,
+                sum(len(c.ids) for c in group), share, [c.as_dict() for c in group]))
+
+    def calibrate(self, warm_up: bool = False) -> None:
+        """Measure generation capacity (tokens/s) on one full batch. Done before taking work and again
+        whenever the actor sits idle, so an estimate taken under a transient slowdown does not persist."""
+        prompts = ["1+1="] * self.config.batch_size
+        if warm_up:
+            self.engine.generate(prompts, 2, 2, 1.0, seed=0)  # first calls pay one-time costs
+        started = time.perf_counter()
+        groups = self.engine.generate(prompts, 8, self.config.max_new_tokens or 4, 1.0, seed=1)
+        elapsed = (time.perf_counter() - started) * max(self.config.slowdown, 1.0)
+        rate = sum(len(c.ids) for g in groups for c in g) / elapsed
+        self.tokens_per_s = rate if not self.tokens_per_s else 0.5 * self.tokens_per_s + 0.5 * rate
+        self.calibrated_at = time.monotonic()
+
+    def run(self) -> int:
+        self.bootstrap()
+        self.calibrate(warm_up=True)
+        work_cursor = self.plane.latest_id(self.plane.keys.work(self.actor_id))
+        self.status = "ready"
+        self.token = self.plane.register_actor(self.state())
+        threads = [threading.Thread(target=f, name=f.__name__, daemon=True)
+                   for f in (self._heartbeat_loop, self._events_loop, self._stager_loop)]
+        for thread in threads:
+            thread.start()
+        log.info("ready", extra={"actor": self.actor_id, "region": self.config.region})
+        try:
+            while not self.leaving.is_set():
+                work_cursor = self._pull_work(work_cursor, block_ms=None if self.queue else 200)
+                self._activate_ready()
+                active = self.target.version
+                obsolete = [lease for lease in self.queue if lease.version < active]
+                if obsolete:  # their step is over (the trainer only moves on once a batch is complete)
+                    self.queue = deque(lease for lease in self.queue if lease.version >= active)
+                    self._return(obsolete)
+                batch = []
+                for lease in list(self.queue):
+                    if lease.version == active and len(batch) < self.config.batch_size:
+                        batch.append(lease)
+                if batch:
+                    for lease in batch:
+                        self.queue.remove(lease)
+                    self._generate(batch)
+                elif self.queue:
+                    with self.lock:  # work for a newer version: wait for staging
+                        self.lock.wait(0.1)
+                elif time.monotonic() - self.calibrated_at > 5.0:
+                    self.calibrate()
+        except BusError as exc:
+            log.error("control plane unreachable", extra={"error": str(exc)})
+            return 2
+        finally:
+            self._leave()
+            for thread in threads:
+                thread.join(timeout=5)
+        return 0
+
+    def _leave(self) -> None:
+        """Graceful leave: hand back unfinished leases at once, deregister."""
+        self.status = "leaving"
+        self.stopped.set()
+        try:
+            pending = list(self.queue)
+            self.queue.clear()
+            self._return(pending)
+            self.plane.deregister_actor(self.actor_id, self.config.region)
+            self.plane.log_event("actor_leave", actor=self.actor_id, returned=len(pending))
+            log.info("left", extra={"returned": len(pending)})
+        except AuroraError as exc:
+            log.warning("could not deregister cleanly", extra={"error": str(exc)})
+        if self.engine is not None:
+            self.engine.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(argv)
+    logs.configure(f"actor:{config.actor_id or config.region}", config.run)
+    actor = Actor(config)
+    signal.signal(signal.SIGTERM, lambda *_: actor.leaving.set())
+    signal.signal(signal.SIGINT, lambda *_: actor.leaving.set())
+    return actor.run()

@@ -1,0 +1,78 @@
+"""Command line of ``python -m workers.actor``: the one place an actor's configuration is read."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+from aurora_store.config import default_run_name
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    bucket: str  # the regional bucket this actor reads (relay-fed), or the source bucket
+    redis: str
+    region: str
+    run: str
+    engine: str  # "torch" or "vllm"
+    actor_id: str | None
+    source_bucket: str | None  # fallback when the region's relay is gone (default: from run.json)
+    streams: int | None
+    cache_dir: str | None
+    metrics_port: int | None
+    trainer_public_key: str | None  # path or base64 of the trainer's Ed25519 public key
+    batch_size: int  # prompts generated together (a batch boundary is where deltas activate)
+    max_new_tokens: int | None
+    slowdown: float  # artificial per-batch delay factor (heterogeneity experiments); 1.0 = none
+    seed: int
+    verify_full_digest: bool  # re-hash all weights after every activation (tests)
+
+
+def default_engine() -> str:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return "torch"
+    return "vllm"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m workers.actor",
+        description="A rollout actor: bootstraps from the newest snapshot in its bucket, replays deltas, takes "
+                    "per-prompt leases, generates, and activates new versions at batch boundaries. SIGTERM "
+                    "(spot preemption notice) leaves gracefully: leases are handed back, the actor deregisters.",
+        epilog="example: python -m workers.actor --bucket s3://aurora-eu/run1 --redis rediss://:pw@host:6379/0 "
+               "--region eu-west-1")
+    parser.add_argument("--bucket", required=True, help="bucket URL to read versions from (the region's bucket)")
+    parser.add_argument("--redis", required=True, help="Redis URL of the control plane (redis:// or rediss://)")
+    parser.add_argument("--region", required=True, help="region name (selects the relay's event stream)")
+    parser.add_argument("--run", default=default_run_name(), help="run name (default: AURORA_RUN or 'default')")
+    parser.add_argument("--engine", choices=["torch", "vllm"], default=None,
+                        help="inference engine (default: vllm when installed, else torch)")
+    parser.add_argument("--id", dest="actor_id", help="actor id (default: <region>-<host>-<pid>)")
+    parser.add_argument("--source-bucket", help="fallback bucket when the relay is down (default: from run.json)")
+    parser.add_argument("--streams", type=int, help="parallel download streams (default AURORA_STREAMS or 4)")
+    parser.add_argument("--cache-dir", help="local directory for snapshot files (vLLM loads from here)")
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    parser.add_argument("--trainer-public-key", default=os.environ.get("AURORA_TRAINER_PUBLIC_KEY"),
+                        help="trainer's Ed25519 public key (file path or base64); manifests must verify against it")
+    parser.add_argument("--batch-size", type=int, default=8, help="prompts per generation batch")
+    parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--slowdown", type=float, default=1.0, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--verify-full-digest", action="store_true",
+                        help="after every activation, re-hash all weights from scratch and compare (slow)")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> ActorConfig:
+    args = build_parser().parse_args(argv)
+    return ActorConfig(
+        bucket=args.bucket, redis=args.redis, region=args.region, run=args.run,
+        engine=args.engine or default_engine(), actor_id=args.actor_id, source_bucket=args.source_bucket,
+        streams=args.streams, cache_dir=args.cache_dir, metrics_port=args.metrics_port,
+        trainer_public_key=args.trainer_public_key, batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens, slowdown=args.slowdown, seed=args.seed,
+        verify_full_digest=args.verify_full_digest)

@@ -1,0 +1,3 @@
+from workers.relay.relay import main
+
+raise SystemExit(main())

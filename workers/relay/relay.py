@@ -1,0 +1,264 @@
+"""The relay process: one per remote region, the region's single cross-region copy of every version.
+
+It copies each segment from the source bucket into the regional bucket as soon as the trainer announces
+it (cut-through: before the manifest exists), over parallel streams, through a hot cache; when the
+manifest is announced it makes sure every segment is there, writes the manifest bytes unchanged (create-
+only) and re-announces ``staged`` — and, once the trainer commits, ``commit`` — on the region's stream. A
+restarted relay re-reads both buckets and copies only what the regional bucket lacks.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from aurora_store import logs
+from aurora_store.bus import ControlPlane, RelayState, VersionEvent
+from aurora_store.codec.manifest import DeltaManifest, SegmentRef
+from aurora_store.config import TransferSettings
+from aurora_store.errors import AuroraError, ObjectNotFoundError, VersionExistsError
+from aurora_store.store import DeltaStore, keys, open_bucket
+from aurora_store.store.snapshots import read_snapshot_manifest
+from workers.relay.cli import RelayConfig, parse_args
+
+log = logging.getLogger("aurora.relay")
+
+
+class SegmentCache:
+    """Hot cache of recent segments: a bounded in-memory LRU, spilling to an optional disk directory."""
+
+    def __init__(self, memory_bytes: int, disk_dir: str | None = None) -> None:
+        self.memory_bytes = memory_bytes
+        self._items: OrderedDict[str, bytes] = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+        self.disk = Path(disk_dir) if disk_dir else None
+        if self.disk is not None:
+            self.disk.mkdir(parents=True, exist_ok=True)
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, digest: str) -> bytes | None:
+        with self._lock:
+            data = self._items.get(digest)
+            if data is not None:
+                self._items.move_to_end(digest)
+                self.hits += 1
+                return data
+        if self.disk is not None and (self.disk / digest).is_file():
+            with self._lock:
+                self.hits += 1
+            return (self.disk / digest).read_bytes()
+        with self._lock:
+            self.misses += 1
+        return None
+
+    def put(self, digest: str, data: bytes) -> None:
+        with self._lock:
+            if digest in self._items or len(data) > self.memory_bytes:
+                return
+            self._items[digest] = data
+            self._size += len(data)
+            while self._size > self.memory_bytes:
+                old, blob = self._items.popitem(last=False)
+                self._size -= len(blob)
+                if self.disk is not None:
+                    tmp = self.disk / f".{old}.tmp"
+                    tmp.write_bytes(blob)
+                    tmp.replace(self.disk / old)
+
+
+class Relay:
+    def __init__(self, config: RelayConfig) -> None:
+        self.config = config
+        settings = TransferSettings.from_env()
+        if config.streams:
+            settings = TransferSettings(**{**settings.__dict__, "streams": config.streams})
+        self.settings = settings
+        self.source = DeltaStore(open_bucket(config.source, settings=settings), settings)
+        self.dest = DeltaStore(open_bucket(config.dest, create=True, settings=settings), settings)
+        self.plane = ControlPlane(config.redis, config.run, wait_s=120)
+        self.cache = SegmentCache(config.cache_bytes, config.cache_dir)
+        self.pool = ThreadPoolExecutor(max_workers=settings.streams, thread_name_prefix="relay-copy")
+        self.inflight: dict[str, Future] = {}
+        self.present: set[str] = set()
+        self.forwarded: set[int] = set()
+        self.snapshots: set[int] = set()
+        self.committed = -1
+        self.commit_sent = -1
+        self.version: int | None = None
+        self.segments_copied = 0
+        self.bytes_copied = 0  # cross-region bytes: everything read from the source bucket
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()
+        self.verify_manifest = None  # set when a trainer public key is configured
+
+    # --- copying ---------------------------------------------------------------------------------
+
+    def _copy_segment(self, ref: SegmentRef) -> None:
+        if ref.digest in self.present:
+            return
+        data = self.cache.get(ref.digest)
+        if data is None:
+            data = self.source.get_segment(ref)
+            with self._lock:
+                self.segments_copied += 1
+                self.bytes_copied += len(data)
+            self.cache.put(ref.digest, data)
+        self.dest.put_segment(ref, data)
+        with self._lock:
+            self.present.add(ref.digest)
+
+    def copy_segment(self, ref: SegmentRef) -> Future:
+        with self._lock:
+            future = self.inflight.get(ref.digest)
+            if future is None or (future.done() and future.exception() is not None):
+                future = self.pool.submit(self._copy_segment, ref)
+                self.inflight[ref.digest] = future
+        return future
+
+    def forward_version(self, version: int) -> None:
+        """Make the regional bucket hold ``version`` completely, manifest last; then announce it."""
+        if version in self.forwarded:
+            return
+        raw = self.source.manifest_bytes(version)
+        manifest = DeltaManifest.from_bytes(raw)
+        if manifest.version != version:
+            raise AuroraError(f"source manifest under version {version} declares {manifest.version}")
+        if self.verify_manifest is not None:
+            self.verify_manifest(manifest)
+        for future in [self.copy_segment(ref) for ref in manifest.segments]:
+            future.result()
+        self.dest.put_layout(self.source.layout(manifest.layout_fingerprint))
+        try:
+            self.dest.publish_manifest(raw)  # the same bytes: signatures and digests stay valid
+        except VersionExistsError:
+            log.error("regional bucket holds a different manifest for version %d; not forwarding", version)
+            raise
+        self.forwarded.add(version)
+        self.version = max(self.version or 0, version)
+        self.plane.announce(VersionEvent("staged", version, self.config.region, base=manifest.base_version,
+                                         manifest_key=keys.delta(version), weights_digest=manifest.weights_digest,
+                                         sent_ms=self.plane.now_ms()))
+        self.plane.log_event("relay_forward", region=self.config.region, version=version,
+                             bytes=manifest.segment_bytes, segments=len(manifest.segments))
+        log.info("forwarded version %d", version, extra={"bytes": manifest.segment_bytes})
+        self._send_commits()
+
+    def forward_snapshot(self, version: int) -> None:
+        if version in self.snapshots:
+            return
+        manifest = read_snapshot_manifest(self.source, version)
+        if self.verify_manifest is not None:
+            self.verify_manifest(manifest)
+        for entry in manifest.files:
+            key = keys.snapshot_dir(version) + entry.name
+            if self.dest.bucket.exists(key) and self.dest.bucket.size(key) == entry.size:
+                continue
+            data = self.source.get_object(key)
+            with self._lock:
+                self.bytes_copied += len(data)
+            self.dest.put_object(key, data)
+        self.dest.put_layout(self.source.layout(manifest.layout_fingerprint))
+        raw = self.source.get_object(keys.snapshot_manifest(version))
+        self.dest.create_object(keys.snapshot_manifest(version), raw, error=VersionExistsError)
+        self.snapshots.add(version)
+        self.plane.announce(VersionEvent("snapshot", version, self.config.region,
+                                         manifest_key=keys.snapshot_manifest(version),
+                                         weights_digest=manifest.weights_digest))
+
+    def _send_commits(self) -> None:
+        """Commit(v) reaches the region only once the regional bucket holds v (a commit covers all ≤ v)."""
+        version = self.committed
+        if version > self.commit_sent and (version in self.forwarded or version in self.snapshots):
+            self.commit_sent = version
+            self.plane.announce(VersionEvent("commit", version, self.config.region, sent_ms=self.plane.now_ms()))
+
+    # --- resynchronisation -----------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Bring the regional bucket up to date from the listing (the truth), copying only what it lacks."""
+        info = self.source.run_info()
+        if info is None:
+            return
+        if self.dest.run_info() != info:
+            self.dest.put_run_info(info)
+        self.present |= set(self.dest.segment_digests())
+        dest_versions = set(self.dest.versions())
+        self.forwarded |= dest_versions
+        self.snapshots |= set(self.dest.snapshot_versions())
+        source_snapshots = self.source.snapshot_versions()
+        if source_snapshots and not self.snapshots:
+            self.forward_snapshot(source_snapshots[-1])
+        floor = max(self.snapshots) if self.snapshots else 0
+        for version in self.source.versions():
+            if version > floor and version not in self.forwarded:
+                self.forward_version(version)
+        newest_snapshot = source_snapshots[-1] if source_snapshots else None
+        if newest_snapshot is not None and newest_snapshot not in self.snapshots:
+            self.forward_snapshot(newest_snapshot)
+        trainer = self.plane.trainer_state()
+        if trainer is not None:
+            self.committed = max(self.committed, trainer.committed)
+        self._send_commits()
+
+    def heartbeat(self) -> None:
+        self.plane.heartbeat_relay(RelayState(self.config.region, self.version, self.segments_copied,
+                                              self.bytes_copied, self.cache.hits, self.cache.misses,
+                                              int(time.time() * 1000)))
+
+    def run(self) -> int:
+        home = (self.source.run_info() or {}).get("home_region")
+        while home is None and not self.stopping.is_set():
+            time.sleep(0.5)
+            home = (self.source.run_info() or {}).get("home_region")
+        cursor = self.plane.latest_event_id(home) if home else "0"
+        self.sync()
+        self.heartbeat()
+        last_sync = last_beat = time.monotonic()
+        log.info("relay ready", extra={"region": self.config.region, "home": home})
+        while not self.stopping.is_set():
+            try:
+                for _, entry_id, event in self.plane.read_events({home: cursor}, block_ms=300):
+                    cursor = entry_id
+                    self._handle(event)
+                now = time.monotonic()
+                if now - last_beat >= 1.0:
+                    self.heartbeat()
+                    last_beat = now
+                if now - last_sync >= 2.0:  # recover whatever notifications were lost
+                    self.sync()
+                    last_sync = now
+            except ObjectNotFoundError as exc:
+                log.warning("source object missing (yet)", extra={"error": str(exc)})
+                time.sleep(0.2)
+            except AuroraError as exc:
+                log.error("relay step failed; will resync", extra={"error": str(exc), "kind": type(exc).__name__})
+                time.sleep(0.5)
+        self.pool.shutdown(wait=True)
+        return 0
+
+    def _handle(self, event: VersionEvent) -> None:
+        if event.kind == "segment" and event.segment and event.size is not None:
+            self.copy_segment(SegmentRef(event.segment, event.size, ()))
+        elif event.kind == "staged":
+            self.forward_version(event.version)
+        elif event.kind == "commit":
+            self.committed = max(self.committed, event.version)
+            self._send_commits()
+        elif event.kind == "snapshot":
+            self.forward_snapshot(event.version)
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(argv)
+    logs.configure(f"relay:{config.region}", config.run)
+    relay = Relay(config)
+    signal.signal(signal.SIGTERM, lambda *_: relay.stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: relay.stopping.set())
+    return relay.run()

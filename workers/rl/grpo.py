@@ -1,0 +1,142 @@
+"""GRPO: group-relative advantages and the clipped policy-ratio loss (optional KL to a reference policy).
+
+The behaviour log-probabilities come from the actors (recorded while sampling, on the published bf16
+policy that generated the rollout); the trainer recomputes them under its fp32 master weights. With
+one-step asynchrony the behaviour policy is one version behind the weights being updated — the ratio
+corrects for that, and the clip bounds the step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class Sample:
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    old_logprobs: tuple[float, ...]  # one per completion token, from the behaviour policy
+    reward: float
+    group: str  # prompt id: advantages are relative within a group
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    lr: float = 1e-3
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    epochs: int = 1  # optimizer updates per batch of rollouts (the clip keeps later ones close)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    loss: float
+    mean_reward: float
+    mean_advantage_abs: float
+    clip_fraction: float
+    kl: float
+    approx_kl_behaviour: float
+    grad_norm: float
+    tokens: int
+    samples: int
+
+
+def group_advantages(samples: Sequence[Sample]) -> list[float]:
+    """``(r − mean_group) / (std_group + ε)``; zero for groups whose rewards are all equal."""
+    groups: dict[str, list[float]] = {}
+    for s in samples:
+        groups.setdefault(s.group, []).append(s.reward)
+    stats = {}
+    for key, rewards in groups.items():
+        mean = sum(rewards) / len(rewards)
+        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+        stats[key] = (mean, std)
+    return [0.0 if stats[s.group][1] < 1e-8 else (s.reward - stats[s.group][0]) / (stats[s.group][1] + 1e-6)
+            for s in samples]
+
+
+def token_logprobs(model, samples: Sequence[Sample], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities of each completion token under ``model``: ``[n, T]`` plus a ``[n, T]`` mask."""
+    longest = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    width = max(len(s.completion_ids) for s in samples)
+    ids = torch.full((len(samples), longest), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(samples), longest), dtype=torch.long)
+    for i, s in enumerate(samples):  # right padding keeps positions of prompt + completion natural
+        seq = list(s.prompt_ids) + list(s.completion_ids)
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attention[i, : len(seq)] = 1
+    logits = model(input_ids=ids, attention_mask=attention).logits.float()
+    logprobs = F.log_softmax(logits, dim=-1)
+    out = torch.zeros((len(samples), width))
+    mask = torch.zeros((len(samples), width))
+    for i, s in enumerate(samples):
+        p, c = len(s.prompt_ids), len(s.completion_ids)
+        if c == 0:
+            continue
+        positions = torch.arange(p - 1, p - 1 + c)  # logits at t predict token t + 1
+        out[i, :c] = logprobs[i, positions, torch.tensor(s.completion_ids)]
+        mask[i, :c] = 1
+    return out, mask
+
+
+def grpo_loss(new: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor, clip_eps: float,
+              ref: torch.Tensor | None = None, kl_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """Token-mean clipped surrogate; ``k3`` KL estimate to ``ref`` when ``kl_coef > 0``."""
+    ratio = torch.exp(new - old)
+    adv = advantages[:, None]
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    kl = torch.zeros_like(new)
+    if ref is not None and kl_coef > 0:
+        log_ratio_ref = ref - new
+        kl = torch.exp(log_ratio_ref) - log_ratio_ref - 1
+        per_token = per_token + kl_coef * kl
+    tokens = mask.sum().clamp(min=1)
+    loss = (per_token * mask).sum() / tokens
+    with torch.no_grad():
+        clip_fraction = (((ratio - 1).abs() > clip_eps).float() * mask).sum() / tokens
+        approx_kl = (((old - new)) * mask).sum() / tokens
+        mean_kl = (kl * mask).sum() / tokens
+    return loss, {"clip_fraction": float(clip_fraction), "approx_kl_behaviour": float(approx_kl),
+                  "kl": float(mean_kl)}
+
+
+class GRPOLearner:
+    """fp32 master weights + AdamW; one optimizer step per batch of rollouts."""
+
+    def __init__(self, model, config: GRPOConfig, reference=None) -> None:
+        self.model = model
+        self.config = config
+        self.reference = reference
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
+                                           betas=(0.9, 0.99))
+
+    def step(self, samples: Sequence[Sample]) -> StepStats:
+        advantages = torch.tensor(group_advantages(samples), dtype=torch.float32)
+        old = torch.zeros((len(samples), max(len(s.completion_ids) for s in samples)))
+        for i, s in enumerate(samples):
+            old[i, : len(s.old_logprobs)] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+        ref = None
+        if self.reference is not None and self.config.kl_coef > 0:
+            with torch.no_grad():
+                ref, _ = token_logprobs(self.reference, samples)
+        self.model.train()
+        for _ in range(self.config.epochs):
+            new, mask = token_logprobs(self.model, samples)
+            loss, extra = grpo_loss(new, old, mask, advantages, self.config.clip_eps, ref, self.config.kl_coef)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+            self.optimizer.step()
+        self.model.eval()
+        return StepStats(loss=float(loss.detach()), mean_reward=sum(s.reward for s in samples) / len(samples),
+                         mean_advantage_abs=float(advantages.abs().mean()), grad_norm=float(grad_norm),
+                         tokens=int(mask.sum()), samples=len(samples), **extra)

@@ -1,0 +1,98 @@
+"""The policy model: a Qwen3-architecture decoder built from a config in the repository (no downloads),
+its warm start, and the files that make a snapshot directory loadable by transformers and vLLM."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workers.rl.task import VOCAB_SIZE, AdditionTask
+
+#: Small enough for two CPU cores, shaped like the real thing (GQA, q/k norms, tied embeddings).
+#: head_dim 32 is one of the head sizes vLLM's CPU backend supports.
+DEFAULT_CONFIG: dict[str, Any] = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 128, "intermediate_size": 384,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+    "vocab_size": VOCAB_SIZE, "max_position_embeddings": 64, "tie_word_embeddings": True, "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "hidden_act": "silu",
+    "attention_bias": False, "torch_dtype": "bfloat16",
+}
+
+
+def hf_config(config: dict[str, Any]):
+    from transformers import AutoConfig
+
+    kwargs = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "torch_dtype")}
+    return AutoConfig.for_model(config["model_type"], **kwargs)
+
+
+def build_model(config: dict[str, Any], seed: int = 0, dtype: torch.dtype = torch.float32):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config(config), dtype=dtype)
+    model.generation_config.top_k = None
+    model.generation_config.top_p = None
+    return model
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+
+
+def warm_start(model, tokenizer, task: AdditionTask, steps: int, *, lr: float = 3e-3, batch: int = 64,
+               seed: int = 0) -> float:
+    """Briefly teach the output format with supervised steps, so RL starts from a policy that sometimes
+    succeeds (GRPO learns nothing from groups that all fail). Returns the last loss."""
+    rng = random.Random(seed)
+    examples = task.examples(rng)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    loss_value = float("nan")
+    for _ in range(steps):
+        texts = [p + a + tokenizer.eos_token for p, a in (next(examples) for _ in range(batch))]
+        enc = tokenizer(texts, return_tensors="pt", padding=True)
+        labels = enc.input_ids.clone()
+        labels[enc.attention_mask == 0] = -100
+        out = model(input_ids=enc.input_ids, attention_mask=enc.attention_mask, labels=labels)
+        out.loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        loss_value = float(out.loss)
+    model.eval()
+    return loss_value
+
+
+def side_files(config: dict[str, Any], tokenizer) -> dict[str, bytes]:
+    """``config.json``, tokenizer and generation config: what a snapshot directory needs besides weights."""
+    files: dict[str, bytes] = {"config.json": json.dumps(
+        {**hf_config(config).to_dict(), "architectures": config.get("architectures", ["Qwen3ForCausalLM"]),
+         "torch_dtype": "bfloat16"}, indent=2, sort_keys=True).encode()}
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        for path in Path(tmp).iterdir():
+            files[path.name] = path.read_bytes()
+    files["generation_config.json"] = json.dumps({"bos_token_id": config["bos_token_id"],
+                                                  "eos_token_id": config["eos_token_id"],
+                                                  "pad_token_id": config["pad_token_id"]}).encode()
+    return files
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def state_bytes(model) -> int:
+    buf = io.BytesIO()
+    del buf
+    return sum(p.numel() * 2 for p in model.parameters())

@@ -1,0 +1,3 @@
+from workers.trainer.trainer import main
+
+raise SystemExit(main())

@@ -1,0 +1,92 @@
+"""Command line of ``python -m workers.trainer``: the one place the trainer's configuration is read."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+from aurora_store.codec.params import DEFAULT_SEGMENT_BYTES
+from aurora_store.config import default_run_name
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    bucket: str
+    redis: str
+    region: str
+    run: str
+    steps: int
+    batch_size: int  # prompts per step (B)
+    group_size: int  # samples per prompt (G)
+    lr: float
+    epochs: int
+    clip_eps: float
+    kl_coef: float
+    snapshot_every: int
+    checkpoint_dir: str
+    model: str | None  # HF model directory; default: the built-in small Qwen3
+    dataset: str | None  # GSM8K-style .jsonl/.parquet; default: the built-in addition task
+    warm_start_steps: int
+    max_operand: int
+    seed: int
+    streams: int | None
+    segment_bytes: int
+    lease_factor: float
+    initial_lease_s: float
+    signing_key: str | None
+    metrics_port: int | None
+    logdir: str | None
+    wandb: bool
+    step_timeout_s: float
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m workers.trainer",
+        description="GRPO trainer: one-step asynchronous; publishes each version as a sparse delta into its "
+                    "home bucket (cut-through, multi-stream), announces it on Redis, and hands out per-prompt "
+                    "leases to eligible actors. Restarting resumes from --checkpoint-dir.",
+        epilog="example: python -m workers.trainer --bucket ./runs/demo/us --redis redis://127.0.0.1:6379/0 "
+               "--region us --steps 40")
+    p.add_argument("--bucket", required=True, help="home bucket URL (the source of every version)")
+    p.add_argument("--redis", required=True, help="Redis URL of the control plane")
+    p.add_argument("--region", default="home", help="the trainer's region (its bucket's region)")
+    p.add_argument("--run", default=default_run_name())
+    p.add_argument("--steps", type=int, default=40, help="optimizer steps to run (versions to publish)")
+    p.add_argument("--batch-size", type=int, default=32, help="prompts per step (B)")
+    p.add_argument("--group-size", type=int, default=8, help="samples per prompt (G)")
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--epochs", type=int, default=4, help="optimizer updates per batch of rollouts")
+    p.add_argument("--clip-eps", type=float, default=0.2)
+    p.add_argument("--kl-coef", type=float, default=0.0, help="KL to the initial policy (0 = off)")
+    p.add_argument("--snapshot-every", type=int, default=10, help="write a full snapshot every K versions")
+    p.add_argument("--checkpoint-dir", required=True, help="local directory for the trainer's own checkpoint")
+    p.add_argument("--model", help="HF model directory (default: built-in small Qwen3 + warm start)")
+    p.add_argument("--dataset", help="GSM8K-style .jsonl/.parquet (question/answer); default: addition task")
+    p.add_argument("--warm-start-steps", type=int, default=120, help="supervised steps before RL (built-in task)")
+    p.add_argument("--max-operand", type=int, default=9, help="addition task: operands in [0, N]")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--streams", type=int, help="parallel upload streams (default AURORA_STREAMS or 4)")
+    p.add_argument("--segment-bytes", type=int, default=DEFAULT_SEGMENT_BYTES)
+    p.add_argument("--lease-factor", type=float, default=2.5, help="lease expiry = factor × median completion")
+    p.add_argument("--initial-lease-s", type=float, default=60.0, help="lease expiry before anything is measured")
+    p.add_argument("--signing-key", default=os.environ.get("AURORA_SIGNING_KEY"),
+                   help="Ed25519 private key (file or base64) used to sign manifests")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument("--logdir", help="TensorBoard event files go here (default: <checkpoint-dir>/tb)")
+    p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (WANDB_MODE=offline works)")
+    p.add_argument("--step-timeout-s", type=float, default=600.0, help="give up if a step gets no progress")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> TrainerConfig:
+    a = build_parser().parse_args(argv)
+    return TrainerConfig(
+        bucket=a.bucket, redis=a.redis, region=a.region, run=a.run, steps=a.steps, batch_size=a.batch_size,
+        group_size=a.group_size, lr=a.lr, epochs=a.epochs, clip_eps=a.clip_eps, kl_coef=a.kl_coef,
+        snapshot_every=a.snapshot_every, checkpoint_dir=a.checkpoint_dir, model=a.model, dataset=a.dataset,
+        warm_start_steps=a.warm_start_steps, max_operand=a.max_operand, seed=a.seed, streams=a.streams,
+        segment_bytes=a.segment_bytes, lease_factor=a.lease_factor, initial_lease_s=a.initial_lease_s,
+        signing_key=a.signing_key, metrics_port=a.metrics_port, logdir=a.logdir, wandb=a.wandb,
+        step_timeout_s=a.step_timeout_s)

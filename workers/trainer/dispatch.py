@@ -1,0 +1,181 @@
+"""Handing out a step's prompts as leases and collecting the results (the trainer's job ledger).
+
+Each step: find the eligible actors (on ``v``, or on ``v − 1`` with ``D_v`` staged — those get
+``Commit(v)``), decay the excluded ones' throughput estimates, split the batch by estimated throughput,
+grant per-prompt leases, then settle results as they arrive. Expired and returned leases go back to the
+pool and are re-granted to whoever is eligible, so a vanished actor costs throughput, never correctness.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aurora_store.bus import ControlPlane, VersionEvent
+from aurora_store.bus.messages import ActorState, RolloutResult
+from aurora_store.sched import ActorView, LeasePolicy, Prompt, StepLedger, ThroughputEstimator, eligibility
+
+log = logging.getLogger("aurora.trainer.dispatch")
+
+
+@dataclass
+class DispatchStats:
+    accepted: int = 0
+    rejected: Counter = field(default_factory=Counter)
+    results_received: int = 0
+    returned: int = 0
+    expired: int = 0
+    per_actor_accepted: Counter = field(default_factory=Counter)
+    stale: int = 0  # results for leases of earlier steps (or an earlier trainer incarnation)
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())
+
+
+class NoEligibleActors(TimeoutError):
+    pass
+
+
+class Dispatcher:
+    def __init__(self, plane: ControlPlane, region: str, consumer: str, policy: LeasePolicy,
+                 estimator: ThroughputEstimator | None = None,
+                 on_verdict: Callable[[str, RolloutResult | None, object], None] | None = None) -> None:
+        self.plane = plane
+        self.region = region
+        self.consumer = consumer
+        self.policy = policy
+        self.estimator = estimator or ThroughputEstimator()
+        self.stats = DispatchStats()
+        self.committed = -1
+        self.on_verdict = on_verdict
+        self._tokens: dict[str, str] = {}
+        plane.ensure_results_group()
+
+    # --- membership ------------------------------------------------------------------------------
+
+    def live_actors(self) -> dict[str, ActorState]:
+        actors = self.plane.actors()
+        self._tokens = {a: token for a, (_, token) in actors.items()}
+        return {a: state for a, (state, _) in actors.items() if state.status == "ready"}
+
+    def token_of(self, actor_id: str) -> str | None:
+        return self._tokens.get(actor_id)
+
+    def _eligible(self, version: int):
+        actors = self.live_actors()
+        for actor_id, state in actors.items():  # τ_a: EMA over the actors' measured capacity
+            if state.tokens_per_s > 0:
+                self.estimator.observe(actor_id, state.tokens_per_s)
+        views = {a: ActorView(a, s.active_version, s.staged_version) for a, s in actors.items()}
+        return eligibility(views, version), actors
+
+    def commit(self, version: int) -> None:
+        if version > self.committed:
+            self.plane.announce(VersionEvent("commit", version, self.region, sent_ms=self.plane.now_ms()))
+            self.committed = version
+
+    # --- a step ----------------------------------------------------------------------------------
+
+    def start_step(self, step: int, version: int, digest: str, prompts: list[Prompt], *, group_size: int,
+                   max_new_tokens: int, wait_s: float = 600.0) -> StepLedger:
+        deadline = time.monotonic() + wait_s
+        while True:
+            elig, actors = self._eligible(version)
+            if elig.eligible:
+                break
+            if time.monotonic() > deadline:
+                raise NoEligibleActors(f"no actor became eligible for version {version} within {wait_s:.0f}s")
+            if elig.excluded or not actors:
+                # Lagging actors must know the version is committed to activate it once staged.
+                self.commit(version)
+            time.sleep(0.2)
+        for actor_id in elig.excluded:
+            self.estimator.decay(actor_id)
+        self.commit(version)
+        ledger = StepLedger(step, version, digest, prompts, self.policy, group_size=group_size,
+                            max_new_tokens=max_new_tokens, token_of=self.token_of)
+        shares = self.estimator.shares(len(prompts), elig.eligible)
+        now = self.plane.now_ms()
+        for actor_id, count in shares.items():
+            leases = ledger.grant(actor_id, count, now)
+            if leases:
+                self.plane.grant(actor_id, leases)
+        self.plane.log_event("dispatch", step=step, version=version, shares=shares,
+                             excluded=list(elig.excluded), need_commit=list(elig.need_commit))
+        log.info("step %d dispatched on version %d", step, version,
+                 extra={"shares": shares, "excluded": list(elig.excluded)})
+        return ledger
+
+    def collect(self, ledger: StepLedger, *, timeout_s: float, tick: Callable[[], None] | None = None) -> None:
+        """Settle results until every prompt of ``ledger`` is accepted."""
+        deadline = time.monotonic() + timeout_s
+        accepted_before = len(ledger.accepted)
+        while not ledger.complete:
+            self.pump(ledger)
+            if tick is not None:
+                tick()
+            if len(ledger.accepted) > accepted_before:
+                accepted_before = len(ledger.accepted)
+                deadline = time.monotonic() + timeout_s
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"step {ledger.step}: no progress for {timeout_s:.0f}s "
+                                   f"({len(ledger.accepted)}/{len(ledger.prompts)} prompts accepted)")
+        ledger.check_invariants()
+
+    def pump(self, ledger: StepLedger, block_ms: int = 200) -> None:
+        # Every result stamped (server clock) at or before ``now`` is delivered by the read that follows,
+        # so expiring up to ``now`` afterwards can never pre-empt an on-time result.
+        now = self.plane.now_ms()
+        entries = self.plane.read_results(self.consumer, block_ms=block_ms)
+        batch = entries
+        while len(batch) >= 100:  # drain everything already in the stream before expiring
+            batch = self.plane.read_results(self.consumer, block_ms=None)
+            entries += batch
+        for _, arrival, result in entries:
+            self._handle(ledger, result, arrival)
+        self.plane.ack_results([entry_id for entry_id, _, _ in entries])
+        expired = ledger.expire(now)
+        if expired:
+            self.stats.expired += len(expired)
+            self.plane.log_event("expire", step=ledger.step, leases=len(expired),
+                                 actors=sorted({r.actor_id for r in expired}))
+        if ledger.pool:
+            self._regrant(ledger)
+
+    def _handle(self, ledger: StepLedger, result: RolloutResult | None, arrival: int) -> None:
+        self.stats.results_received += 1
+        if result is not None and result.kind == "return":
+            if ledger.give_back(result.lease_id, result.actor_id):
+                self.stats.returned += 1
+            return
+        if result is not None and result.lease_id not in ledger.leases:
+            self.stats.stale += 1
+        verdict = ledger.settle(result, arrival)
+        if verdict.accepted:
+            self.stats.accepted += 1
+            self.stats.per_actor_accepted[result.actor_id] += 1
+        else:
+            self.stats.rejected[verdict.reason] += 1
+        self.plane.log_event("settle", step=ledger.step, actor=getattr(result, "actor_id", ""),
+                             version=getattr(result, "version", None), accepted=int(verdict.accepted),
+                             reason=verdict.reason)
+        if self.on_verdict is not None:
+            self.on_verdict(verdict.reason, result, verdict)
+
+    def _regrant(self, ledger: StepLedger) -> None:
+        elig, _ = self._eligible(ledger.version)
+        if not elig.eligible:
+            return
+        self.commit(ledger.version)
+        now = self.plane.now_ms()
+        outstanding = Counter(r.actor_id for r in ledger.leases.values() if r.state == "active")
+        # Whoever has the least outstanding work relative to its speed gets the next prompt.
+        while ledger.pool:
+            actor_id = min(elig.eligible, key=lambda a: ((outstanding[a] + 1) / self.estimator.get(a), a))
+            leases = ledger.grant(actor_id, 1, now)
+            self.plane.grant(actor_id, leases)
+            outstanding[actor_id] += 1
