@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 
 from aurora_store.bus import ControlPlane
-from aurora_store.localservices import RedisServer
-from workers.launch import ProcessGroup
+from workers.cluster import ClusterSpec, LocalCluster
 
 HOME, REMOTE = "us-east", "eu-west"
 
@@ -58,55 +57,43 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(args.run_dir or "runs/demo").absolute()
     if run_dir.exists() and not args.keep:
         shutil.rmtree(run_dir)
-    buckets = {HOME: run_dir / "buckets" / HOME, REMOTE: run_dir / "buckets" / REMOTE}
-    for path in buckets.values():
-        path.mkdir(parents=True, exist_ok=True)
-    run = "demo"
+    spec = ClusterSpec(run_dir=run_dir, steps=args.steps, batch_size=args.batch_size, group_size=args.group_size,
+                       home=HOME, actors={HOME: 1, REMOTE: 2}, engine=args.engine, snapshot_every=10, run="demo")
     started = time.monotonic()
     print(f"aurora demo: run directory {run_dir}", flush=True)
-    with RedisServer().start() as redis, ProcessGroup(run_dir / "logs") as group:
-        print(f"  redis {redis.url}; buckets {buckets[HOME]} (home, {HOME}) and {buckets[REMOTE]} ({REMOTE})",
-              flush=True)
-        common = ["--redis", redis.url, "--run", run]
-        group.start("trainer", "workers.trainer", [
-            "--bucket", str(buckets[HOME]), "--region", HOME, "--steps", str(args.steps),
-            "--batch-size", str(args.batch_size), "--group-size", str(args.group_size),
-            "--checkpoint-dir", str(run_dir / "trainer"), "--snapshot-every", "10", *common])
-        group.start(f"relay-{REMOTE}", "workers.relay", [
-            "--source", str(buckets[HOME]), "--dest", str(buckets[REMOTE]), "--region", REMOTE, *common])
-        actors = [(f"{HOME}-1", HOME), (f"{REMOTE}-1", REMOTE), (f"{REMOTE}-2", REMOTE)]
-        for actor_id, region in actors:
-            group.start(f"actor-{actor_id}", "workers.actor", [
-                "--bucket", str(buckets[region]), "--region", region, "--id", actor_id,
-                "--engine", args.engine, "--cache-dir", str(run_dir / "cache" / actor_id), *common])
-        print(f"  started trainer, relay for {REMOTE}, actors {', '.join(a for a, _ in actors)}; "
+    with LocalCluster(spec) as cluster:
+        print(f"  redis {cluster.redis.url}; buckets {cluster.buckets[HOME]} (home, {HOME}) and "
+              f"{cluster.buckets[REMOTE]} ({REMOTE})", flush=True)
+        print(f"  started trainer, relay for {REMOTE}, actors {', '.join(cluster.actor_ids)}; "
               f"logs in {run_dir / 'logs'}", flush=True)
-        plane = ControlPlane(redis.url, run)
-        display = Display(plane)
-        trainer = group["trainer"]
+        display = Display(cluster.plane)
+        trainer = cluster.trainer()
+        reported: set[str] = set()
         while trainer.alive:
             time.sleep(1.0)
             display.update()
-            for name, managed in group.processes.items():
-                if not managed.alive and name != "trainer" and managed.process.returncode not in (0, None):
+            for name, managed in cluster.group.processes.items():
+                if not managed.alive and name not in reported and managed.process.returncode != 0:
+                    reported.add(name)
                     print(f"  ! {name} exited with {managed.process.returncode}:\n{managed.log_tail(15)}",
                           file=sys.stderr, flush=True)
-                    managed.process.returncode = 0  # report once
         display.update()
-        summary_path = run_dir / "trainer" / "summary.json"
-        if trainer.process.returncode != 0 or not summary_path.exists():
-            print(f"trainer failed (exit {trainer.process.returncode}):\n{trainer.log_tail(40)}", file=sys.stderr)
+        try:
+            summary = cluster.wait_trainer_done(timeout=5)
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            print(f"trainer failed: {exc}", file=sys.stderr)
             return 1
-        summary = json.loads(summary_path.read_text())
         final = summary["trainer_version"]
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # the trainer committed its final version: let actors activate it
-            states = plane.actors()
-            if len(states) == len(actors) and all(s.active_version == final for s, _ in states.values()):
-                break
-            time.sleep(0.5)
-        states = plane.actors()
-        group.stop_all()
+        # The trainer committed its final version at the end: give the actors a moment to activate it.
+        def all_final() -> bool:
+            states = cluster.plane.actors()
+            return len(states) == len(cluster.actor_ids) and all(s.active_version == final for s, _ in states.values())
+
+        try:
+            cluster.wait_for(all_final, 30, "actors on the final version")
+        except TimeoutError:
+            print("  ! not every actor reached the final version", file=sys.stderr)
+        states = cluster.plane.actors()
     result = {
         "steps": summary["steps"], "reward_initial": summary["reward_initial"],
         "reward_final": summary["reward_final"], "delta_bytes": summary["delta_bytes"],
@@ -114,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         "actors": [{"id": a, "region": s.region, "version": s.active_version, "digest": s.active_digest}
                    for a, (s, _) in sorted(states.items())],
         "rollouts_accepted": summary["rollouts_accepted"], "rollouts_rejected": summary["rollouts_rejected"],
-        "bucket": str(buckets[HOME]), "regional_buckets": {r: str(p) for r, p in buckets.items()},
+        "bucket": cluster.buckets[HOME], "regional_buckets": dict(cluster.buckets),
         "logs": str(run_dir / "logs"), "seconds": round(time.monotonic() - started, 1),
     }
     print(json.dumps(result), flush=True)

@@ -36,7 +36,7 @@ class LeaseRecord:
     lease: Lease
     actor_id: str
     granted_ms: int
-    state: str = "active"  # active | accepted | expired | returned | superseded
+    state: str = "active"  # active | accepted | expired | returned | superseded | voided
 
 
 @dataclass(frozen=True)
@@ -161,9 +161,9 @@ class StepLedger:
         if arrival_ms > record.lease.expires_ms:
             return self._reject("late", record)
         if result.version != record.lease.version:
-            return self._reject("wrong_version", record)
+            return self._reject("wrong_version", self._void(record))
         if result.weights_digest != record.lease.weights_digest:
-            return self._reject("wrong_digest", record)
+            return self._reject("wrong_digest", self._void(record))
         prompt_id = record.lease.prompt_id
         if prompt_id in self.accepted:
             return self._reject("duplicate", record)
@@ -182,6 +182,14 @@ class StepLedger:
         latency = arrival_ms - record.granted_ms
         self.policy.observe(latency)
         return Verdict(True, "ok", record, latency)
+
+    def _void(self, record: LeaseRecord) -> LeaseRecord:
+        """The lease holder answered from the wrong weights: that answer will not change, so the prompt goes
+        back to the pool now instead of at expiry."""
+        if record.state == "active":
+            record.state = "voided"
+            self.pool.append(record.lease.prompt_id)
+        return record
 
     def _reject(self, reason: str, record: LeaseRecord | None) -> Verdict:
         self.rejected[reason] += 1

@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=40, help="optimizer steps to run (versions to publish)")
     p.add_argument("--batch-size", type=int, default=32, help="prompts per step (B)")
     p.add_argument("--group-size", type=int, default=8, help="samples per prompt (G)")
-    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--epochs", type=int, default=4, help="optimizer updates per batch of rollouts")
     p.add_argument("--clip-eps", type=float, default=0.2)
     p.add_argument("--kl-coef", type=float, default=0.0, help="KL to the initial policy (0 = off)")

@@ -1,0 +1,15 @@
+output "vpc_id" {
+  value = aws_vpc.this.id
+}
+
+output "cidr" {
+  value = var.cidr
+}
+
+output "subnet_ids" {
+  value = aws_subnet.public[*].id
+}
+
+output "route_table_id" {
+  value = aws_route_table.public.id
+}

@@ -1,0 +1,125 @@
+variable "name" {
+  description = "Name prefix (e.g. aurora-<run>)."
+  type        = string
+}
+
+variable "run" {
+  description = "Run name (--run)."
+  type        = string
+}
+
+variable "region" {
+  description = "Region this relay serves (--region; the provider passed to this module must be configured for it)."
+  type        = string
+}
+
+variable "bucket_arn" {
+  description = "ARN of the region's bucket (the relay writes it)."
+  type        = string
+}
+
+variable "bucket_url" {
+  description = "URL of the region's bucket (--dest)."
+  type        = string
+}
+
+variable "source_bucket_arn" {
+  description = "ARN of the trainer's home bucket (the relay reads it)."
+  type        = string
+}
+
+variable "source_bucket_url" {
+  description = "URL of the trainer's home bucket (--source)."
+  type        = string
+}
+
+variable "redis_parameter_name" {
+  description = "SSM parameter (SecureString) holding the Redis URL."
+  type        = string
+}
+
+variable "redis_parameter_arn" {
+  description = "ARN of that parameter (the only SSM permission actors get)."
+  type        = string
+}
+
+variable "redis_parameter_region" {
+  description = "Region of that parameter (the home region)."
+  type        = string
+}
+
+variable "vpc_id" {
+  type = string
+}
+
+variable "subnet_ids" {
+  type = list(string)
+}
+
+variable "instance_type" {
+  description = "On-demand instance type of the relay (small, network-optimised)."
+  type        = string
+}
+
+variable "image" {
+  description = "AMI id, or resolve:ssm:<public parameter> (resolved per region at launch)."
+  type        = string
+}
+
+variable "root_device_name" {
+  description = "Root device of the image (/dev/sda1 on Ubuntu-based images, /dev/xvda on Amazon Linux)."
+  type        = string
+  default     = "/dev/sda1"
+}
+
+variable "root_volume_gb" {
+  description = "Root volume size (the venv and the relay's disk cache)."
+  type        = number
+  default     = 100
+}
+
+variable "pip_requirements" {
+  description = "Shell-quoted requirement specifiers for `pip install` (the aurora package and extras)."
+  type        = string
+}
+
+variable "pip_extra_args" {
+  description = "Extra `pip install` arguments (e.g. --extra-index-url ...)."
+  type        = string
+  default     = ""
+}
+
+variable "trainer_public_key" {
+  description = "--trainer-public-key (base64 Ed25519 public key); empty: not passed."
+  type        = string
+  default     = ""
+}
+
+variable "metrics_port" {
+  description = "--metrics-port; null: no metrics endpoint."
+  type        = number
+  default     = null
+}
+
+variable "metrics_cidrs" {
+  description = "CIDRs allowed to scrape metrics_port."
+  type        = list(string)
+  default     = []
+}
+
+variable "model_url" {
+  description = "Base model URL, exported to the service as AURORA_MODEL_URL."
+  type        = string
+  default     = ""
+}
+
+variable "stop_timeout_s" {
+  description = "TimeoutStopSec: grace between SIGTERM and SIGKILL."
+  type        = number
+  default     = 60
+}
+
+variable "tags" {
+  type    = map(string)
+  default = {}
+}

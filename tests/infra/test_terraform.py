@@ -1,0 +1,854 @@
+"""Checks of infra/terraform: formatting, `terraform validate` and an offline `terraform plan` of the AWS root
+(with the local hashicorp/aws plugin), the GCP root's contract (parsed with python-hcl2, no Google provider
+here), the startup scripts' command lines against the real argument parsers of the actor and relay, the
+bucket policy and IAM least privilege, and an apply of the bucket module against the local S3 server."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fnmatch
+import functools
+import glob
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from workers.actor import cli as actor_cli
+from workers.relay import cli as relay_cli
+
+REPO = Path(__file__).resolve().parents[2]
+TF = REPO / "infra" / "terraform"
+MODULES = TF / "modules"
+TERRAFORM = shutil.which("terraform")
+needs_terraform = pytest.mark.skipif(TERRAFORM is None, reason="terraform is not on PATH")
+
+# Sample values substituted into the startup-script templates.
+HOME_URL = "s3://aurora-demo-us-east-1/demo?region=us-east-1"
+REGIONAL_URL = "s3://aurora-demo-eu-west-1/demo?region=eu-west-1"
+REDIS_URL = "rediss://:0123456789abcdef0123456789abcdef@master.aurora-demo.abc123.use1.cache.amazonaws.com:6379/0"
+PUBLIC_KEY = "MCowBQYDK2VwAyEAGb9ECWmEzf6FQbrBZ9w7lshQhqowtrbLDFw4rXAxZuE="
+TEMPLATE_VALUES = {
+    "run": "demo",
+    "region": "eu-west-1",
+    "bucket_url": REGIONAL_URL,
+    "source_bucket_url": HOME_URL,
+    "redis_parameter_name": "/aurora/demo/redis-url",
+    "redis_parameter_region": "us-east-1",
+    "redis_secret_id": "projects/my-project/secrets/aurora-demo-redis-url",
+    "redis_ca_cert": "-----BEGIN CERTIFICATE-----\nMIIBsample\n-----END CERTIFICATE-----",
+    "redis_ca_path": "/etc/aurora/redis-ca.pem",
+    "pip_requirements": "'aurora-rl[rl] @ https://example.com/aurora_rl-0.1.0-py3-none-any.whl' 'vllm==0.10.1'",
+    "pip_extra_args": "--extra-index-url https://download.pytorch.org/whl/cu124",
+    "engine": "vllm",
+    "trainer_public_key": PUBLIC_KEY,
+    "metrics_port": "9400",
+    "model_url": "hf://Qwen/Qwen3-0.6B",
+    "stop_timeout_s": "90",
+}
+OPTIONAL = {  # template values that may be empty, by systemd unit (the template then omits the option)
+    "aurora-actor": ("source_bucket_url", "engine", "trainer_public_key", "metrics_port"),
+    "aurora-relay": ("trainer_public_key", "metrics_port"),
+}
+TEMPLATES = {  # template -> (module dir, systemd unit it writes)
+    "aws-actors/templates/actor-user-data.sh.tftpl": ("aws-actors", "aurora-actor"),
+    "aws-relay/templates/relay-user-data.sh.tftpl": ("aws-relay", "aurora-relay"),
+    "gcp-actors/templates/actor-startup.sh.tftpl": ("gcp-actors", "aurora-actor"),
+    "gcp-relay/templates/relay-startup.sh.tftpl": ("gcp-relay", "aurora-relay"),
+}
+S3_DELETE_ACTIONS = ("s3:DeleteObject", "s3:DeleteObjectVersion", "s3:DeleteBucket", "s3:PutLifecycleConfiguration",
+                     "s3:PutBucketPolicy", "s3:DeleteBucketPolicy")
+
+
+# --- helpers: terraform ------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def aws_plugin_dir() -> Path | None:
+    """The local plugin directory holding hashicorp/aws 5.x: six levels above the provider binary."""
+    pattern = "registry.terraform.io/hashicorp/aws/5.*/*/terraform-provider-aws_*"
+    roots = ["/opt", "/usr/share", "/usr/local/share", "/usr/local/lib", "/usr/lib",
+             str(Path.home() / ".terraform.d"), str(Path.home() / ".local/share/terraform")]
+    for root in roots:
+        for depth in ("", "*/", "*/*/"):
+            for binary in sorted(glob.glob(f"{root}/{depth}{pattern}")):
+                return Path(binary).parents[5]
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        found = subprocess.run(["find", "/", "-xdev", "-name", "terraform-provider-aws_*", "-not", "-path", "/proc/*"],
+                               capture_output=True, text=True, timeout=60).stdout
+        for line in sorted(found.splitlines()):
+            binary = Path(line)
+            if (len(binary.parents) > 5 and binary.parents[2].name == "aws" and binary.parents[3].name == "hashicorp"
+                    and binary.parents[1].name.startswith("5.")):
+                return binary.parents[5]
+    return None
+
+
+def tf_env(workdir: Path) -> dict[str, str]:
+    """A deterministic environment: no user CLI config, no TF_VAR_/TF_CLI_ARGS leaking in."""
+    config = workdir / "empty.tfrc"
+    config.touch()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_VAR_", "TF_CLI_ARGS", "TF_WORKSPACE"))}
+    env.update(TF_CLI_CONFIG_FILE=str(config), TF_IN_AUTOMATION="1", TF_INPUT="0", CHECKPOINT_DISABLE="1")
+    env.pop("TF_PLUGIN_CACHE_DIR", None)
+    env.pop("TF_DATA_DIR", None)
+    return env
+
+
+def terraform(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+    result = subprocess.run([TERRAFORM, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"terraform {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def copy_tree(dest: Path) -> Path:
+    """A copy of infra/terraform without local state, caches or auto-loaded variable files."""
+    return Path(shutil.copytree(TF, dest / "terraform", ignore=shutil.ignore_patterns(
+        ".terraform", ".terraform.lock.hcl", "*.tfstate", "*.tfstate.*", "terraform.tfvars", "*.auto.tfvars",
+        "*.tfplan")))
+
+
+OFFLINE_PROVIDER = """
+provider "aws" {{
+{alias}  access_key                  = "AKIAOFFLINEPLAN00000"
+  secret_key                  = "offline-plan-not-a-secret"
+  skip_credentials_validation = true
+  skip_requesting_account_id  = true
+  skip_metadata_api_check     = true
+  skip_region_validation      = true
+}}
+"""
+
+PLAN_VARS = {
+    "run": "demo",
+    "home_region": "us-east-1",
+    "remote_regions": ["eu-west-1", "ap-southeast-2"],
+    "package_spec": "aurora-rl[rl] @ https://example.com/aurora_rl-0.1.0-py3-none-any.whl",
+    "extra_pip_packages": ["vllm==0.10.1"],
+    "redis_auth_token": "0123456789abcdef0123456789abcdef",
+    "gc_principal_arns": ["arn:aws:iam::123456789012:role/ops"],
+    "trainer_public_key": PUBLIC_KEY,
+    "engine": "vllm",
+    "metrics_port": 9400,
+    "availability_zones": {"us-east-1": ["us-east-1a", "us-east-1b"], "eu-west-1": ["eu-west-1a", "eu-west-1b"],
+                           "ap-southeast-2": ["ap-southeast-2a", "ap-southeast-2b"]},
+}
+
+
+@dataclass
+class AwsRoots:
+    validate_root: Path
+    env: dict[str, str]
+    plan: Future  # -> `terraform show -json` of the offline plan
+
+
+def _offline_plan(root: Path, env: dict[str, str]) -> dict:
+    terraform(["plan", "-input=false", "-refresh=false", "-lock=false", "-no-color", "-var-file=test.tfvars.json",
+               "-out=test.tfplan"], root, env, timeout=180)
+    return json.loads(terraform(["show", "-json", "test.tfplan"], root, env).stdout)
+
+
+@pytest.fixture(scope="module")
+def aws_roots() -> Iterator[AwsRoots]:
+    """Two copies of the AWS root, initialised from the local plugin directory: one for `terraform validate`, one
+    planned in the background (to keep the test file fast) with fake static credentials. No API is called by the
+    plan (no data source is read when availability zones and GC principals are given), so the rendered startup
+    scripts are known."""
+    if TERRAFORM is None:
+        pytest.skip("terraform is not on PATH")
+    plugins = aws_plugin_dir()
+    if plugins is None:
+        pytest.skip("no local hashicorp/aws 5.x provider plugin found (looked under /opt, /usr/share, "
+                    "~/.terraform.d, ... and with find /): cannot run terraform init offline")
+    workdir = Path(tempfile.mkdtemp(prefix="aurora-tf-"))
+    pool = ThreadPoolExecutor(max_workers=2)
+    try:
+        env = tf_env(workdir)
+        validate_root = copy_tree(workdir / "validate") / "aws"
+        plan_root = copy_tree(workdir / "plan") / "aws"
+        (plan_root / "offline_override.tf").write_text("".join(
+            OFFLINE_PROVIDER.format(alias=f'  alias = "{alias}"\n' if alias else "")
+            for alias in (None, "remote1", "remote2", "remote3")))
+        (plan_root / "test.tfvars.json").write_text(json.dumps(PLAN_VARS))
+        init = ["init", "-backend=false", "-input=false", f"-plugin-dir={plugins}", "-no-color"]
+        for done in [pool.submit(terraform, init, root, env) for root in (validate_root, plan_root)]:
+            done.result()
+        yield AwsRoots(validate_root, env, pool.submit(_offline_plan, plan_root, env))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def aws_plan(aws_roots) -> dict:
+    return aws_roots.plan.result(timeout=300)
+
+
+# --- helpers: HCL ------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def hcl_dir(path: Path) -> dict[str, list]:
+    """All .tf files of a directory, parsed with python-hcl2 and merged."""
+    merged: dict[str, list] = {}
+    for tf_file in sorted(path.glob("*.tf")):
+        for key, value in load_hcl(tf_file).items():
+            if isinstance(value, list):
+                merged.setdefault(key, []).extend(value)
+    return merged
+
+
+def load_hcl(path: Path) -> dict:
+    hcl2 = pytest.importorskip("hcl2", reason="python-hcl2 is not installed (pip install python-hcl2)")
+    if not hasattr(hcl2, "SerializationOptions"):
+        pytest.skip("python-hcl2 >= 8 is needed (SerializationOptions)")
+    options = hcl2.SerializationOptions(strip_string_quotes=True, explicit_blocks=False)
+    with open(path) as f:
+        return hcl2.load(f, serialization_options=options)
+
+
+def named(doc: dict, kind: str) -> dict[str, dict]:
+    """variable / output / module / locals blocks by name."""
+    return {name: body for entry in doc.get(kind, []) for name, body in entry.items() if name != "__comments__"}
+
+
+def typed(doc: dict, kind: str, type_: str) -> dict[str, dict]:
+    """resource / data blocks of one type, by name."""
+    return {name: body for entry in doc.get(kind, []) for name, body in entry.get(type_, {}).items()
+            if name != "__comments__"}
+
+
+def walk(node, key: str) -> Iterator:
+    """Every value stored under `key` anywhere below node (dynamic block contents included)."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == key:
+                yield v
+            yield from walk(v, key)
+    elif isinstance(node, list):
+        for item in node:
+            yield from walk(item, key)
+
+
+def statements(document: dict) -> list[dict]:
+    return list(document.get("statement", []))
+
+
+# --- helpers: templates ------------------------------------------------------------------------------------
+
+_IF = re.compile(r'%\{\s*if\s+(\w+)\s*!=\s*""\s*\}(.*?)%\{\s*endif\s*\}', re.S)
+_INTERPOLATION = re.compile(r"(?<!\$)\$\{([^}]*)\}")
+_DIRECTIVE = re.compile(r"(?<!%)%\{")
+
+
+def template_variables(text: str) -> set[str]:
+    names = {m.group(1) for m in _IF.finditer(text)}
+    for m in _INTERPOLATION.finditer(_IF.sub(lambda m: m.group(2), text)):
+        assert re.fullmatch(r"\w+", m.group(1)), f"the test cannot render the expression ${{{m.group(1)}}}"
+        names.add(m.group(1))
+    return names
+
+
+def render(text: str, values: dict[str, str]) -> str:
+    """Terraform's templatefile() for the subset the templates use: ${name}, %{ if name != "" }...%{ endif },
+    and the $${ / %%{ escapes."""
+    text = _IF.sub(lambda m: m.group(2) if values[m.group(1)] != "" else "", text)
+    assert not _DIRECTIVE.search(text), "template uses a directive the test cannot render"
+    text = _INTERPOLATION.sub(lambda m: str(values[m.group(1)]), text)
+    return text.replace("$${", "${").replace("%%{", "%{")
+
+
+def render_with_terraform(jobs: list[tuple[Path, dict[str, str]]]) -> list[str]:
+    """The same templates rendered by Terraform itself (terraform console needs no provider)."""
+    def call(path: Path, values: dict[str, str]) -> str:
+        variables = ", ".join(f"{k} = {json.dumps(v)}" for k, v in values.items())
+        return f"templatefile({json.dumps(str(path))}, {{{variables}}})"
+
+    calls = ", ".join(call(path, values) for path, values in jobs)
+    with tempfile.TemporaryDirectory(prefix="aurora-tf-console-") as tmp:
+        result = subprocess.run([TERRAFORM, "console"], input=f"jsonencode([{calls}])\n", cwd=tmp,
+                                env=tf_env(Path(tmp)), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(json.loads(result.stdout.strip()))
+
+
+def unit_section(script: str, unit: str) -> str:
+    """The body of the systemd unit file the script writes."""
+    match = re.search(rf"cat > /etc/systemd/system/{unit}\.service <<'UNIT'\n(.*?)\nUNIT\n", script, re.S)
+    assert match, f"the script does not write /etc/systemd/system/{unit}.service"
+    return match.group(1)
+
+
+def exec_argv(script: str, unit: str, redis_url: str = REDIS_URL) -> tuple[list[str], str]:
+    """ExecStart of the unit, split the way systemd does for these plain words, with ${AURORA_REDIS_URL}
+    taken from the unit's EnvironmentFile (which the script fills with the URL it reads at boot)."""
+    body = unit_section(script, unit)
+    env_file = re.search(r"^EnvironmentFile=(\S+)$", body, re.M)
+    assert env_file, f"{unit} has no EnvironmentFile"
+    assert re.search(rf"cat > {re.escape(env_file.group(1))} <<ENV\nAURORA_REDIS_URL=\$REDIS_URL\n", script), \
+        "the environment file must receive the Redis URL read at boot"
+    lines = [line for line in body.splitlines() if line.startswith("ExecStart=")]
+    assert len(lines) == 1
+    command = lines[0].removeprefix("ExecStart=")
+    assert "%" not in command, "systemd would expand % specifiers"
+    assert command.count("$") == 1 and "${AURORA_REDIS_URL}" in command
+    return shlex.split(command.replace("${AURORA_REDIS_URL}", redis_url)), body
+
+
+def parse_worker(argv: list[str], module: str):
+    assert argv[0].endswith("/python") and argv[1:3] == ["-m", module], argv[:3]
+    parser = (actor_cli if module == "workers.actor" else relay_cli).build_parser()
+    return parser.parse_args(argv[3:])
+
+
+def assert_stops_with_sigterm(unit_body: str) -> None:
+    assert re.search(r"^KillSignal=SIGTERM$", unit_body, re.M)
+    timeout = re.search(r"^TimeoutStopSec=(\d+)$", unit_body, re.M)
+    assert timeout and int(timeout.group(1)) >= 60
+
+
+# --- formatting and validation -------------------------------------------------------------------------------
+
+
+@needs_terraform
+def test_terraform_fmt_is_clean():
+    with tempfile.TemporaryDirectory(prefix="aurora-tf-fmt-") as tmp:
+        result = subprocess.run([TERRAFORM, "fmt", "-check", "-recursive", "-diff", str(TF)], capture_output=True,
+                                text=True, timeout=60, env=tf_env(Path(tmp)))
+    assert result.returncode == 0, f"run `terraform fmt -recursive infra/terraform`:\n{result.stdout}{result.stderr}"
+
+
+def test_module_sources_exist():
+    roots = [TF / "aws", TF / "gcp", *sorted(p for p in MODULES.iterdir() if p.is_dir())]
+    for root in roots:
+        for name, block in named(hcl_dir(root), "module").items():
+            assert (root / block["source"]).resolve().is_dir(), f"{root.name}: module {name} source {block['source']}"
+
+
+def test_aws_root_validates(aws_roots):
+    result = subprocess.run([TERRAFORM, "validate", "-json", "-no-color"], cwd=aws_roots.validate_root,
+                            env=aws_roots.env, capture_output=True, text=True, timeout=120)
+    report = json.loads(result.stdout)
+    assert report["valid"], json.dumps(report["diagnostics"], indent=1)
+    assert report["error_count"] == 0 and report["warning_count"] == 0, json.dumps(report["diagnostics"], indent=1)
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_example_tfvars_set_declared_variables(cloud):
+    variables = named(hcl_dir(TF / cloud), "variable")
+    example = {k: v for k, v in load_hcl(TF / cloud / "terraform.tfvars.example").items() if k != "__comments__"}
+    assert set(example) <= set(variables), f"undeclared: {sorted(set(example) - set(variables))}"
+    required = {name for name, v in variables.items() if "default" not in v} - {"redis_auth_token"}  # TF_VAR_...
+    assert required <= set(example), f"the example lacks {sorted(required - set(example))}"
+    assert re.fullmatch(r"[a-z][a-z0-9-]{0,19}", example["run"])
+    assert example["home_region"] not in example["remote_regions"]
+
+
+# --- the startup scripts against the real command lines --------------------------------------------------------
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
+def test_template_variables_match_module(template):
+    """Every ${name} a template uses is passed by its module's templatefile() call, and nothing more."""
+    module, _ = TEMPLATES[template]
+    used = template_variables((MODULES / template).read_text())
+    source = (MODULES / module / "main.tf").read_text()
+    name = re.escape(Path(template).name)
+    call = re.search(rf'templatefile\("\$\{{path\.module\}}/templates/{name}", \{{(.*?)\n\s*\}}\)', source, re.S)
+    assert call, f"{module}/main.tf does not render {template}"
+    passed = set(re.findall(r"^\s*(\w+)\s*=", call.group(1), re.M))
+    assert used == passed, f"used, not passed: {sorted(used - passed)}; passed, unused: {sorted(passed - used)}"
+    assert used <= set(TEMPLATE_VALUES), f"no sample value for {sorted(used - set(TEMPLATE_VALUES))}"
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
+@pytest.mark.parametrize("optional", [True, False], ids=["all-options", "no-options"])
+def test_startup_command_parses_with_real_cli(template, optional):
+    _, unit = TEMPLATES[template]
+    text = (MODULES / template).read_text()
+    values = {k: v for k, v in TEMPLATE_VALUES.items() if k in template_variables(text)}
+    if not optional:
+        values.update({k: "" for k in OPTIONAL[unit]})
+    script = render(text, values)
+    argv, body = exec_argv(script, unit)
+    assert_stops_with_sigterm(body)
+    if unit == "aurora-actor":
+        config = parse_worker(argv, "workers.actor")
+        assert config.bucket == REGIONAL_URL
+        assert config.source_bucket == (HOME_URL if optional else None)
+        assert config.engine == ("vllm" if optional else None)
+    else:
+        config = parse_worker(argv, "workers.relay")
+        assert (config.source, config.dest) == (HOME_URL, REGIONAL_URL)
+    assert (config.redis, config.region, config.run) == (REDIS_URL, "eu-west-1", "demo")
+    assert config.trainer_public_key == (PUBLIC_KEY if optional else os.environ.get("AURORA_TRAINER_PUBLIC_KEY"))
+    assert config.metrics_port == (9400 if optional else None)
+    assert config.cache_dir == "/var/cache/aurora"
+
+
+@needs_terraform
+def test_python_renderer_matches_terraform_templatefile():
+    jobs = []
+    for template, (_, unit) in sorted(TEMPLATES.items()):
+        text = (MODULES / template).read_text()
+        values = {k: v for k, v in TEMPLATE_VALUES.items() if k in template_variables(text)}
+        jobs.append((MODULES / template, values))
+        jobs.append((MODULES / template, {**values, **{k: "" for k in OPTIONAL[unit]}}))
+    rendered = render_with_terraform(jobs)
+    for (path, values), by_terraform in zip(jobs, rendered):
+        assert render(path.read_text(), values) == by_terraform, path
+
+
+def test_aws_actor_script_stops_actor_on_spot_interruption_notice():
+    script = render((MODULES / "aws-actors/templates/actor-user-data.sh.tftpl").read_text(), TEMPLATE_VALUES)
+    watcher = re.search(r"cat > /usr/local/sbin/aurora-spot-watch <<'WATCH'\n(.*?)\nWATCH\n", script, re.S)
+    assert watcher, "no spot interruption watcher"
+    body = watcher.group(1)
+    assert 'curl -sf -m 2 -X PUT "$imds/api/token" -H "X-aws-ec2-metadata-token-ttl-seconds: 300"' in body  # IMDSv2
+    assert "imds=http://169.254.169.254/latest" in body and '"$imds/meta-data/spot/instance-action"' in body
+    assert '-H "X-aws-ec2-metadata-token: $token"' in body and '-w "%{http_code}"' in body
+    assert "systemctl stop aurora-actor.service" in body
+    watch_unit = unit_section(script, "aurora-spot-watch")
+    assert "ExecStart=/usr/local/sbin/aurora-spot-watch" in watch_unit
+    assert "systemctl enable --now aurora-actor.service aurora-spot-watch.service" in script
+
+
+def test_gcp_actor_shutdown_script_sends_sigterm():
+    shutdown = (MODULES / "gcp-actors/templates/actor-shutdown.sh").read_text()
+    assert shutdown.startswith("#!/bin/bash\n") and "\nsystemctl stop aurora-actor.service\n" in shutdown
+    body = unit_section(render((MODULES / "gcp-actors/templates/actor-startup.sh.tftpl").read_text(),
+                               TEMPLATE_VALUES), "aurora-actor")
+    assert_stops_with_sigterm(body)
+
+
+# --- the AWS root, planned offline -----------------------------------------------------------------------------
+
+
+def _changes(plan: dict, type_: str) -> dict[str, dict]:
+    return {rc["address"]: rc["change"]["after"] for rc in plan["resource_changes"] if rc["type"] == type_}
+
+
+def test_aws_plan_renders_startup_commands_per_region(aws_plan):
+    outputs = aws_plan["planned_values"]["outputs"]
+    home, remotes = "us-east-1", ["eu-west-1", "ap-southeast-2"]
+    urls = outputs["bucket_urls"]["value"]
+    assert urls == {r: f"s3://aurora-demo-{r}/demo?region={r}" for r in [home, *remotes]}
+    assert outputs["home_bucket_url"]["value"] == urls[home]
+    assert outputs["redis_url"]["sensitive"] is True
+
+    actors = outputs["actor_user_data"]["value"]
+    relays = outputs["relay_user_data"]["value"]
+    assert set(actors) == {home, *remotes} and set(relays) == set(remotes)  # no relay in the home region
+    for region, script in actors.items():
+        argv, body = exec_argv(script, "aurora-actor")
+        assert_stops_with_sigterm(body)
+        config = parse_worker(argv, "workers.actor")
+        assert (config.bucket, config.redis, config.region, config.run) == (urls[region], REDIS_URL, region, "demo")
+        assert config.source_bucket == (None if region == home else urls[home])
+        assert (config.engine, config.trainer_public_key, config.metrics_port) == ("vllm", PUBLIC_KEY, 9400)
+        assert 'ssm.get_parameter(Name="/aurora/demo/redis-url"' in script and 'region_name="us-east-1"' in script
+        assert "'aurora-rl[rl] @ https://example.com/aurora_rl-0.1.0-py3-none-any.whl' 'vllm==0.10.1'" in script
+        assert "rediss://" not in script and PLAN_VARS["redis_auth_token"] not in script  # no secret in user data
+    for region, script in relays.items():
+        argv, body = exec_argv(script, "aurora-relay")
+        config = parse_worker(argv, "workers.relay")
+        assert (config.source, config.dest) == (urls[home], urls[region])
+        assert (config.redis, config.region) == (REDIS_URL, region)
+
+    # What the launch templates carry is exactly these scripts.
+    templates = _changes(aws_plan, "aws_launch_template").values()
+    user_data = {base64.b64decode(after["user_data"]).decode() for after in templates}
+    assert user_data == set(actors.values()) | set(relays.values())
+
+
+def test_aws_plan_actors_spot_relays_on_demand(aws_plan):
+    groups = _changes(aws_plan, "aws_autoscaling_group")
+    actor_groups = {a: g for a, g in groups.items() if a.endswith("aws_autoscaling_group.actor")}
+    relay_groups = {a: g for a, g in groups.items() if a.endswith("aws_autoscaling_group.relay")}
+    assert len(actor_groups) == 3 and len(relay_groups) == 2
+    for group in actor_groups.values():
+        distribution = group["mixed_instances_policy"][0]["instances_distribution"][0]
+        assert distribution["on_demand_base_capacity"] == 0
+        assert distribution["on_demand_percentage_above_base_capacity"] == 0
+        assert group["capacity_rebalance"] is True
+    for group in relay_groups.values():
+        assert not group.get("mixed_instances_policy") and (group["min_size"], group["max_size"]) == (1, 1)
+    for template in _changes(aws_plan, "aws_launch_template").values():
+        assert template["metadata_options"][0]["http_tokens"] == "required"
+        assert template["block_device_mappings"][0]["ebs"][0]["encrypted"] == "true"
+
+
+def test_aws_plan_redis_tls_auth_and_private(aws_plan):
+    (group,) = _changes(aws_plan, "aws_elasticache_replication_group").values()
+    assert group["transit_encryption_enabled"] is True and group["transit_encryption_mode"] == "required"
+    assert str(group["at_rest_encryption_enabled"]).lower() == "true"
+    assert group["auth_token"] == PLAN_VARS["redis_auth_token"]
+    (parameter,) = _changes(aws_plan, "aws_ssm_parameter").values()
+    assert parameter["type"] == "SecureString" and parameter["name"] == "/aurora/demo/redis-url"
+    rules = {a: r for a, r in _changes(aws_plan, "aws_vpc_security_group_ingress_rule").items() if ".redis." in a}
+    assert rules and all(r["from_port"] == r["to_port"] == 6379 and r["ip_protocol"] == "tcp" for r in rules.values())
+    cidrs = sorted(r["cidr_ipv4"] for r in rules.values() if r.get("cidr_ipv4"))
+    assert cidrs == ["10.65.0.0/16", "10.66.0.0/16"]  # the peered remote VPCs, nothing wider
+    assert sorted(a.split('"')[1] for a in rules if "from_security_groups" in a) == ["actors", "trainer"]
+    vpcs = sorted(v["cidr_block"] for v in _changes(aws_plan, "aws_vpc").values())
+    assert vpcs == ["10.64.0.0/16", "10.65.0.0/16", "10.66.0.0/16"]
+    assert len(_changes(aws_plan, "aws_vpc_peering_connection")) == 2
+
+
+# --- AWS policies (HCL) ----------------------------------------------------------------------------------------
+
+
+def test_aws_bucket_policy_requires_if_none_match_and_reserves_deletes():
+    doc = hcl_dir(MODULES / "aws-bucket")
+    keys = named(doc, "locals")
+    assert all(p in keys["create_only_keys"] for p in ('"deltas/*"', '"snapshots/*/manifest.json"'))
+    assert "${local.bucket_arn}/*/${pattern}" in keys["create_only_keys"]  # also under the run prefix
+    policy = typed(doc, "data", "aws_iam_policy_document")["bucket"]
+    by_sid = {s["sid"]: s for s in statements(policy)}
+    assert all(s["effect"] == "Deny" for s in by_sid.values())
+
+    overwrite = by_sid["DenyOverwriteOfPublishedVersions"]
+    assert overwrite["actions"] == ["s3:PutObject"] and overwrite["resources"] == "${local.create_only_keys}"
+    assert overwrite["principals"] == [{"type": "*", "identifiers": ["*"]}]
+    assert {"test": "Null", "variable": "s3:if-none-match", "values": ["true"]} in overwrite["condition"]
+
+    delete = by_sid["DenyDeleteOfVersionDataExceptGC"]
+    assert set(delete["actions"]) == {"s3:DeleteObject", "s3:DeleteObjectVersion"}
+    assert all(p in keys["version_data_keys"] for p in ('"deltas/*"', '"snapshots/*"', '"segments/*"'))
+    (exception,) = [c["condition"]["content"][0] for c in delete["dynamic"]]
+    assert exception == {"test": "ArnNotEquals", "variable": "aws:PrincipalArn", "values": "${var.gc_role_arns}"}
+    assert by_sid["DenyInsecureTransport"]["condition"][0]["variable"] == "aws:SecureTransport"
+    root = hcl_dir(TF / "aws")
+    assert named(root, "module")["home_bucket"]["gc_role_arns"] == ["${aws_iam_role.gc.arn}"]
+    assert named(root, "locals")["common"]["gc_role_arns"] == ["${aws_iam_role.gc.arn}"]  # remote buckets
+
+
+def test_aws_bucket_never_expires_live_objects_and_is_private():
+    doc = hcl_dir(MODULES / "aws-bucket")
+    (lifecycle,) = typed(doc, "resource", "aws_s3_bucket_lifecycle_configuration").values()
+    for expiration in walk(lifecycle, "expiration"):
+        assert expiration == [{"expired_object_delete_marker": True}], "live objects must never expire: aurora gc"
+    assert list(walk(lifecycle, "abort_incomplete_multipart_upload"))
+    assert list(walk(lifecycle, "noncurrent_version_expiration"))
+    for forbidden in ("transition", "noncurrent_version_transition"):
+        assert not list(walk(lifecycle, forbidden))
+    (access,) = typed(doc, "resource", "aws_s3_bucket_public_access_block").values()
+    assert all(access[k] is True for k in ("block_public_acls", "block_public_policy", "ignore_public_acls",
+                                           "restrict_public_buckets"))
+    (encryption,) = typed(doc, "resource", "aws_s3_bucket_server_side_encryption_configuration").values()
+    assert next(walk(encryption, "sse_algorithm")) in ("AES256", "aws:kms")
+    assert "aurora gc" in (MODULES / "aws-bucket/main.tf").read_text()
+
+
+def _aws_policy_documents() -> dict[str, dict]:
+    documents = {}
+    for root in [TF / "aws", *sorted(MODULES.glob("aws-*"))]:
+        doc = hcl_dir(root)
+        for name, document in typed(doc, "data", "aws_iam_policy_document").items():
+            documents[f"{root.name}/{name}"] = document
+        assert not typed(doc, "resource", "aws_iam_role_policy_attachment"), "no managed policies"
+        assert not typed(doc, "resource", "aws_iam_policy_attachment"), "no managed policies"
+        for role in typed(doc, "resource", "aws_iam_role").values():
+            assert "managed_policy_arns" not in role and "inline_policy" not in role
+    return documents
+
+
+def _allowed_actions(document: dict) -> list[tuple[str, dict]]:
+    return [(action, s) for s in statements(document) if s.get("effect", "Allow") == "Allow" for action in s["actions"]]
+
+
+def test_aws_no_worker_role_may_delete():
+    documents = _aws_policy_documents()
+    workers = {"aws-actors/actor", "aws-relay/relay", "aws/trainer"}
+    assert workers <= set(documents) and "aws/gc" in documents and "aws-bucket/bucket" in documents
+    for name, document in documents.items():
+        if name in ("aws/gc", "aws-bucket/bucket"):
+            continue
+        for action, _ in _allowed_actions(document):
+            granted = [d for d in S3_DELETE_ACTIONS if fnmatch.fnmatchcase(d, action)]
+            assert not granted, f"{name} grants {granted} via {action!r}"
+    gc_actions = {a for a, _ in _allowed_actions(documents["aws/gc"])}
+    assert "s3:DeleteObject" in gc_actions and "s3:PutObject" not in gc_actions
+    assert all(s.get("effect") == "Deny" for s in statements(documents["aws-bucket/bucket"]))
+
+
+def test_aws_roles_least_privilege():
+    documents = _aws_policy_documents()
+    actor = {a for a, _ in _allowed_actions(documents["aws-actors/actor"])}
+    assert actor == {"s3:ListBucket", "s3:GetObject", "ssm:GetParameter"}  # read-only
+    for action, statement in _allowed_actions(documents["aws-relay/relay"]):
+        if action in ("s3:PutObject", "s3:AbortMultipartUpload"):
+            assert statement["resources"] == ["${var.bucket_arn}/*"], "relays write only their regional bucket"
+    for action, statement in _allowed_actions(documents["aws/trainer"]):
+        if action == "s3:PutObject":
+            assert statement["resources"] == ["${module.home_bucket.arn}/*"], "the trainer writes only its home bucket"
+    for name, document in documents.items():
+        for action, statement in _allowed_actions(document):
+            assert "*" not in action, f"{name}: wildcard action {action}"
+            if action.startswith("ssm:"):
+                assert statement["resources"] == ["${var.redis_parameter_arn}"] or \
+                    statement["resources"] == ["${module.redis.url_parameter_arn}"]
+
+
+def test_aws_redis_module_tls_auth():
+    doc = hcl_dir(MODULES / "aws-redis")
+    (group,) = typed(doc, "resource", "aws_elasticache_replication_group").values()
+    assert group["transit_encryption_enabled"] is True and group["at_rest_encryption_enabled"] is True
+    assert group["auth_token"] == "${var.auth_token}" and group["transit_encryption_mode"] == "required"
+    url = named(doc, "locals")["url"]
+    assert url.startswith("rediss://:${var.auth_token}@")
+    assert named(doc, "output")["url"]["sensitive"] is True
+    assert named(hcl_dir(TF / "aws"), "output")["redis_url"]["sensitive"] is True
+
+
+# --- GCP contract (HCL) ------------------------------------------------------------------------------------------
+
+
+def test_gcp_root_variables_and_outputs():
+    doc = hcl_dir(TF / "gcp")
+    variables = named(doc, "variable")
+    expected = {"project_id", "run", "home_region", "remote_regions", "package_spec", "extra_pip_packages", "model_url",
+                "trainer_public_key", "engine", "metrics_port", "actor_count", "actor_count_by_region",
+                "actor_machine_type", "actor_image", "relay_machine_type", "relay_image"}
+    assert expected <= set(variables)
+    required = {n for n, v in variables.items() if "default" not in v}
+    assert required == {"project_id", "run", "home_region", "package_spec"}
+    outputs = named(doc, "output")
+    assert {"bucket_urls", "home_bucket_url", "redis_url", "redis_ca_cert"} <= set(outputs)
+    assert outputs["redis_url"]["sensitive"] is True
+    modules = named(doc, "module")
+    assert modules["relay"]["for_each"] == "${local.remote_regions}"
+    assert named(doc, "locals")["remote_regions"] == "${toset(var.remote_regions)}"
+    assert modules["actors"]["for_each"] == modules["bucket"]["for_each"] == "${toset(local.regions)}"
+    assert modules["relay"]["source_bucket_url"] == modules["actors"]["source_bucket_url"] == "${local.home_bucket.url}"
+    assert named(doc, "locals")["home_bucket"] == "${module.bucket[var.home_region]}"
+    assert named(hcl_dir(MODULES / "gcp-bucket"), "output")["url"]["value"] == "gs://${var.name}/${var.run}"
+
+
+def test_gcp_actors_on_spot_with_sigterm_on_preemption():
+    doc = hcl_dir(MODULES / "gcp-actors")
+    (template,) = typed(doc, "resource", "google_compute_instance_template").values()
+    (scheduling,) = template["scheduling"]
+    assert scheduling["provisioning_model"] == "SPOT" and scheduling["preemptible"] is True
+    assert scheduling["automatic_restart"] is False
+    assert template["metadata"]["startup-script"] == "${local.startup_script}"
+    assert template["metadata"]["shutdown-script"] == "${local.shutdown_script}"
+    scripts = named(doc, "locals")
+    assert "/templates/actor-startup.sh.tftpl" in scripts["startup_script"]
+    assert scripts["shutdown_script"] == '${file("${path.module}/templates/actor-shutdown.sh")}'
+    assert "network_interface" in template and "access_config" not in template["network_interface"][0]
+    (group,) = typed(doc, "resource", "google_compute_region_instance_group_manager").values()
+    assert group["version"][0]["instance_template"] == "${google_compute_instance_template.actor.id}"
+    assert group["target_size"] == "${var.desired_count}"
+    startup = (MODULES / "gcp-actors/templates/actor-startup.sh.tftpl").read_text()
+    assert "python -m workers.actor --bucket ${bucket_url} --redis $${AURORA_REDIS_URL} --region ${region}" in startup
+    (relay_template,) = typed(hcl_dir(MODULES / "gcp-relay"), "resource", "google_compute_instance_template").values()
+    assert relay_template["scheduling"][0]["provisioning_model"] == "STANDARD"
+
+
+def test_gcp_memorystore_auth_and_tls():
+    doc = hcl_dir(MODULES / "gcp-redis")
+    (redis,) = typed(doc, "resource", "google_redis_instance").values()
+    assert redis["auth_enabled"] is True
+    assert redis["transit_encryption_mode"] == "SERVER_AUTHENTICATION"
+    assert redis["authorized_network"] == "${var.network_id}"
+    assert named(doc, "locals")["base_url"].startswith("rediss://:${google_redis_instance.this.auth_string}@")
+    assert named(doc, "output")["url"]["sensitive"] is True
+
+
+def test_gcp_bucket_private_versioned_never_deletes_live_objects():
+    doc = hcl_dir(MODULES / "gcp-bucket")
+    (bucket,) = typed(doc, "resource", "google_storage_bucket").values()
+    assert bucket["uniform_bucket_level_access"] is True and bucket["public_access_prevention"] == "enforced"
+    assert bucket["versioning"] == [{"enabled": True}]
+    types = []
+    for rule in bucket["lifecycle_rule"]:
+        (action,), (condition,) = rule["action"], rule["condition"]
+        types.append(action["type"])
+        if action["type"] == "Delete":
+            assert condition["with_state"] == "ARCHIVED" and "days_since_noncurrent_time" in condition
+            assert "age" not in condition
+    assert sorted(types) == ["AbortIncompleteMultipartUpload", "Delete"]
+    condition = named(doc, "output")["rewritable_objects_condition"]["value"]
+    assert "deltas" not in condition and "layouts" not in condition
+    assert '!resource.name.endsWith(\\"/manifest.json\\")' in condition
+
+
+def test_gcp_service_accounts_least_privilege():
+    allowed = {"roles/storage.objectViewer", "roles/storage.objectCreator", "roles/storage.objectUser"}
+    bindings = {}
+    for root in (TF / "gcp", MODULES / "gcp-actors", MODULES / "gcp-relay"):
+        doc = hcl_dir(root)
+        assert not typed(doc, "resource", "google_project_iam_member"), "no project-wide grants"
+        assert not typed(doc, "resource", "google_project_iam_binding"), "no project-wide grants"
+        for name, binding in typed(doc, "resource", "google_storage_bucket_iam_member").items():
+            bindings[f"{root.name}/{name}"] = binding
+    assert all(b["role"] in allowed for b in bindings.values())
+    actor = {n: b for n, b in bindings.items() if n.startswith("gcp-actors/")}
+    assert actor and all(b["role"] == "roles/storage.objectViewer" for b in actor.values())
+    # objectUser (overwrite/delete) only under the rewritable-objects condition, except for the GC account.
+    for name, binding in bindings.items():
+        if binding["role"] == "roles/storage.objectUser" and name != "gcp/gc":
+            (condition,) = binding["condition"]
+            assert "rewritable_objects_condition" in condition["expression"] or \
+                condition["expression"] == "${var.bucket_rewritable_condition}"
+    assert bindings["gcp/gc"]["member"] == "${google_service_account.gc.member}"
+    relay = {b["role"] for n, b in bindings.items() if n.startswith("gcp-relay/")}
+    assert relay == allowed
+    assert bindings["gcp-relay/create"]["bucket"] == "${var.bucket_name}"  # writes only its regional bucket
+
+
+# --- apply of the bucket module against a real S3-compatible server ----------------------------------------------
+
+APPLY_ROOT = """
+terraform {{
+  required_providers {{
+    aws = {{
+      source  = "hashicorp/aws"
+      version = "~> 5.0"
+    }}
+  }}
+}}
+
+provider "aws" {{
+  region                      = "us-east-1"
+  access_key                  = "{access_key}"
+  secret_key                  = "{secret_key}"
+  skip_credentials_validation = true
+  skip_requesting_account_id  = true
+  skip_metadata_api_check     = true
+  skip_region_validation      = true
+  s3_use_path_style           = true
+  endpoints {{
+    s3 = "{endpoint}"
+  }}
+}}
+
+module "bucket" {{
+  source        = "./aws-bucket"
+  name          = "{bucket}"
+  region        = "us-east-1"
+  run           = "demo"
+  force_destroy = true
+}}
+
+output "url" {{
+  value = module.bucket.url
+}}
+"""
+
+# The local server speaks plain HTTP and lacks PutPublicAccessBlock (501), and waiting for its lifecycle
+# configuration to read back takes about a minute: for this test only, the public access block is dropped,
+# the policy's DenyInsecureTransport statement is filtered out (it would deny every plain-HTTP request, as it
+# should), and the lifecycle rules are not applied (-target). Every other statement is the module's own.
+APPLY_OVERRIDE = """
+resource "aws_s3_bucket_public_access_block" "this" {
+  count = 0
+}
+
+resource "aws_s3_bucket_policy" "this" {
+  policy = jsonencode(merge(jsondecode(data.aws_iam_policy_document.bucket.json), {
+    Statement = [
+      for s in jsondecode(data.aws_iam_policy_document.bucket.json).Statement : s if s.Sid != "DenyInsecureTransport"
+    ]
+  }))
+}
+"""
+
+
+@pytest.mark.s3
+def test_bucket_module_applies_and_enforces_immutability(s3_server):
+    if TERRAFORM is None:
+        pytest.skip("terraform is not on PATH")
+    plugins = aws_plugin_dir()
+    if plugins is None:
+        pytest.skip("no local hashicorp/aws 5.x provider plugin found: cannot run terraform init offline")
+    from aurora_store.errors import ObjectExistsError, StoreAuthError
+    from aurora_store.store.url import open_bucket
+
+    client = s3_server.client()
+    enforces_policies, evaluates_if_none_match = _policy_support(client)
+    if not enforces_policies:
+        pytest.skip("the local S3 server does not enforce bucket policies")
+    bucket = f"aurora-tf-{uuid.uuid4().hex[:12]}"
+    workdir = Path(tempfile.mkdtemp(prefix="aurora-tf-apply-"))
+    try:
+        env = tf_env(workdir)
+        shutil.copytree(MODULES / "aws-bucket", workdir / "aws-bucket")
+        (workdir / "aws-bucket" / "zz_test_override.tf").write_text(APPLY_OVERRIDE)
+        (workdir / "main.tf").write_text(APPLY_ROOT.format(access_key=s3_server.access_key,
+                                                           secret_key=s3_server.secret_key,
+                                                           endpoint=s3_server.endpoint_url, bucket=bucket))
+        terraform(["init", "-backend=false", "-input=false", f"-plugin-dir={plugins}", "-no-color"], workdir, env)
+        targets = [f"-target=module.bucket.{r}" for r in (
+            "aws_s3_bucket_policy.this", "aws_s3_bucket_versioning.this",
+            "aws_s3_bucket_server_side_encryption_configuration.this", "aws_s3_bucket_ownership_controls.this")]
+        terraform(["apply", "-auto-approve", "-input=false", "-no-color", *targets], workdir, env, timeout=240)
+        url = json.loads(terraform(["output", "-json", "url"], workdir, env).stdout)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    assert url == f"s3://{bucket}/demo?region=us-east-1"
+    assert client.get_bucket_versioning(Bucket=bucket)["Status"] == "Enabled"
+    rules = client.get_bucket_encryption(Bucket=bucket)["ServerSideEncryptionConfiguration"]["Rules"]
+    assert rules[0]["ApplyServerSideEncryptionByDefault"]["SSEAlgorithm"] == "AES256"
+    ownership = client.get_bucket_ownership_controls(Bucket=bucket)["OwnershipControls"]["Rules"]
+    assert ownership == [{"ObjectOwnership": "BucketOwnerEnforced"}]
+    policy = json.loads(client.get_bucket_policy(Bucket=bucket)["Policy"])
+    assert {s["Sid"] for s in policy["Statement"]} == {"DenyOverwriteOfPublishedVersions",
+                                                        "DenyDeleteOfVersionDataExceptGC"}
+
+    # Aurora's own S3 backend against the policy: overwrites and deletes of published versions are refused.
+    store = open_bucket(f"{url}&endpoint_url={s3_server.endpoint_url}")
+    if evaluates_if_none_match:
+        store.create("deltas/000000000001.json", b"{}")
+        with pytest.raises(ObjectExistsError):
+            store.create("deltas/000000000001.json", b"{}")
+        store.create("snapshots/000000000002/manifest.json", b"{}")
+    # Otherwise (SeaweedFS 4.x) the server leaves s3:if-none-match out of its policy context and so refuses even
+    # conditional writes to these keys; the create path is then only checked on the HCL (and on AWS).
+    for key in ("deltas/000000000002.json", "snapshots/000000000002/manifest.json", "layouts/abc.json"):
+        with pytest.raises(StoreAuthError):
+            store.put(key, b"{}")  # no If-None-Match: refused by the bucket policy
+    with pytest.raises(client.exceptions.ClientError, match="AccessDenied"):
+        client.put_object(Bucket=bucket, Key="deltas/000000000003.json", Body=b"{}")  # without the run prefix too
+    segment = "segments/ab/" + "ab" * 32
+    for _ in range(2):  # content-addressed objects and pointers may be rewritten
+        store.put(segment, b"payload")
+        store.put("snapshots/000000000002/model.safetensors", b"tensors")
+        store.put("latest.json", b'{"version": 2}')
+    for key in ("deltas/000000000001.json", segment, "snapshots/000000000002/model.safetensors"):
+        with pytest.raises(StoreAuthError):
+            store.delete(key)  # only the GC role may delete version data (none is configured here)
+    store.delete("latest.json")
+    assert store.get(segment) == b"payload"
+
+
+def _policy_support(client) -> tuple[bool, bool]:
+    """Whether the server enforces bucket policies, and whether it puts s3:if-none-match into its policy context
+    (AWS does both; SeaweedFS 4.x only the first)."""
+    probe = f"aurora-probe-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=probe)
+    client.put_bucket_policy(Bucket=probe, Policy=json.dumps({"Version": "2012-10-17", "Statement": [{
+        "Effect": "Deny", "Principal": "*", "Action": "s3:PutObject", "Resource": f"arn:aws:s3:::{probe}/*",
+        "Condition": {"Null": {"s3:if-none-match": "true"}}}]}))
+    outcomes = []
+    for headers in ({}, {"IfNoneMatch": "*"}):
+        try:
+            client.put_object(Bucket=probe, Key=f"probe-{len(outcomes)}", Body=b"", **headers)
+            outcomes.append(True)
+        except client.exceptions.ClientError:
+            outcomes.append(False)
+    unconditional_allowed, conditional_allowed = outcomes
+    return not unconditional_allowed, conditional_allowed

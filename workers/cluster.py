@@ -1,0 +1,157 @@
+"""A whole Aurora deployment on one machine: Redis, per-region buckets, trainer, relays and actors as real
+processes. The demo, the end-to-end tests and the chaos suite all drive the system through this."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aurora_store.bus import ControlPlane
+from aurora_store.localservices import RedisServer
+from aurora_store.store import DeltaStore, open_bucket
+from workers.launch import Managed, ProcessGroup
+
+
+@dataclass
+class ClusterSpec:
+    run_dir: Path
+    steps: int = 12
+    batch_size: int = 16
+    group_size: int = 8
+    home: str = "us-east"
+    actors: dict[str, int] = field(default_factory=lambda: {"us-east": 1, "eu-west": 2})
+    engine: str = "torch"
+    snapshot_every: int = 10
+    run: str = "test"
+    bucket_urls: dict[str, str] | None = None  # region -> URL; default: local directories under run_dir
+    trainer_args: list[str] = field(default_factory=list)
+    actor_args: list[str] = field(default_factory=list)
+    relay_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class LocalCluster:
+    def __init__(self, spec: ClusterSpec, redis: RedisServer | None = None) -> None:
+        self.spec = spec
+        self.run_dir = Path(spec.run_dir).absolute()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._own_redis = redis is None
+        self.redis = redis or RedisServer()
+        regions = sorted({spec.home, *spec.actors})
+        self.buckets = spec.bucket_urls or {r: str(self.run_dir / "buckets" / r) for r in regions}
+        for url in self.buckets.values():
+            if "://" not in url:
+                Path(url).mkdir(parents=True, exist_ok=True)
+        self.group = ProcessGroup(self.run_dir / "logs", env=dict(spec.env))
+        self.plane: ControlPlane | None = None
+        self.actor_ids: list[str] = []
+        self._restarts = 0
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> LocalCluster:
+        if self._own_redis:
+            self.redis.start()
+        self.start_trainer()
+        for region in sorted(self.spec.actors):
+            if region != self.spec.home:
+                self.start_relay(region)
+        for region, count in sorted(self.spec.actors.items()):
+            for i in range(1, count + 1):
+                self.start_actor(f"{region}-{i}", region)
+        self.plane = ControlPlane(self.redis.url, self.spec.run)
+        return self
+
+    @property
+    def common(self) -> list[str]:
+        return ["--redis", self.redis.url, "--run", self.spec.run]
+
+    def start_trainer(self, extra: list[str] | None = None) -> Managed:
+        name = "trainer" if not self._restarts else f"trainer-{self._restarts}"
+        self._restarts += 1
+        return self.group.start(name, "workers.trainer", [
+            "--bucket", self.buckets[self.spec.home], "--region", self.spec.home, "--steps", str(self.spec.steps),
+            "--batch-size", str(self.spec.batch_size), "--group-size", str(self.spec.group_size),
+            "--checkpoint-dir", str(self.run_dir / "trainer"), "--snapshot-every", str(self.spec.snapshot_every),
+            *self.common, *self.spec.trainer_args, *(extra or [])])
+
+    def start_relay(self, region: str, extra: list[str] | None = None, name: str | None = None) -> Managed:
+        return self.group.start(name or f"relay-{region}", "workers.relay", [
+            "--source", self.buckets[self.spec.home], "--dest", self.buckets[region], "--region", region,
+            *self.common, *self.spec.relay_args, *(extra or [])])
+
+    def start_actor(self, actor_id: str, region: str, extra: list[str] | None = None, *,
+                    env: dict[str, str] | None = None) -> Managed:
+        if actor_id not in self.actor_ids:
+            self.actor_ids.append(actor_id)
+        return self.group.start(f"actor-{actor_id}", "workers.actor", [
+            "--bucket", self.buckets[region], "--region", region, "--id", actor_id, "--engine", self.spec.engine,
+            "--cache-dir", str(self.run_dir / "cache" / actor_id), *self.common, *self.spec.actor_args,
+            *(extra or [])], env=env)
+
+    def stop(self) -> None:
+        self.group.stop_all()
+        if self.plane is not None:
+            self.plane.close()
+        if self._own_redis:
+            self.redis.stop()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- observation -----------------------------------------------------------------------------
+
+    def store(self, region: str | None = None) -> DeltaStore:
+        return DeltaStore(open_bucket(self.buckets[region or self.spec.home]))
+
+    def trainer(self) -> Managed:
+        names = [n for n in self.group.processes if n.startswith("trainer")]
+        return self.group[names[-1]]
+
+    def wait_for(self, predicate: Callable[[], Any], timeout: float, what: str, poll: float = 0.3) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            for name, proc in self.group.processes.items():
+                if name.startswith("trainer") and not proc.alive and proc.process.returncode not in (0, -9, -15):
+                    raise RuntimeError(f"{name} died ({proc.process.returncode}) while waiting for {what}:\n"
+                                       f"{proc.log_tail(40)}")
+            time.sleep(poll)
+        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}\n{self.diagnostics()}")
+
+    def wait_trainer_done(self, timeout: float) -> dict[str, Any]:
+        trainer = self.trainer()
+        deadline = time.monotonic() + timeout
+        while trainer.alive and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if trainer.alive:
+            raise TimeoutError(f"trainer still running after {timeout:.0f}s\n{self.diagnostics()}")
+        if trainer.process.returncode != 0:
+            raise RuntimeError(f"trainer exited with {trainer.process.returncode}:\n{trainer.log_tail(60)}")
+        return self.summary()
+
+    def summary(self) -> dict[str, Any]:
+        return json.loads((self.run_dir / "trainer" / "summary.json").read_text())
+
+    def step_records(self) -> list[dict[str, str]]:
+        return [e for e in self.plane.run_log() if e.get("kind") == "step"]
+
+    def trainer_version(self) -> int:
+        state = self.plane.trainer_state()
+        return state.version if state else -1
+
+    def diagnostics(self) -> str:
+        parts = []
+        for name, proc in self.group.processes.items():
+            parts.append(f"--- {name} ({'alive' if proc.alive else proc.process.returncode}) ---\n"
+                         f"{proc.log_tail(12)}")
+        return "\n".join(parts)
