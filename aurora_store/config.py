@@ -58,3 +58,9 @@ class TransferSettings:
 
 def default_run_name() -> str:
     return os.environ.get("AURORA_RUN", "default")
+
+
+def heartbeat_ttl_s() -> int:
+    """Seconds a live state (actor, relay) survives without a heartbeat (AURORA_HEARTBEAT_TTL, default 10).
+    Heartbeats are sent every second; the TTL bounds how long a vanished process still looks alive."""
+    return _int("AURORA_HEARTBEAT_TTL", 10, minimum=2)

@@ -110,6 +110,7 @@ class ActorState(_Message):
     source: str  # which bucket it reads: "regional" or "source"
     downloaded_bytes: int = 0
     host: str = ""
+    staging_version: int | None = None  # the version being fetched/decoded right now
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import redis
 
+from aurora_store import config
 from aurora_store.bus import streams
 from aurora_store.bus.client import BLOCK_MS, Reconnecting
 from aurora_store.bus.keys import RunKeys
@@ -25,15 +26,14 @@ from aurora_store.bus.messages import (
     VersionEvent,
 )
 
-HEARTBEAT_TTL_S = 10
 RESULTS_GROUP = "trainer"
 
 
 class ControlPlane:
-    def __init__(self, url: str, run: str, *, wait_s: float = 30.0, heartbeat_ttl_s: int = HEARTBEAT_TTL_S,
+    def __init__(self, url: str, run: str, *, wait_s: float = 30.0, heartbeat_ttl_s: int | None = None,
                  on_reconnect: Callable[[], None] | None = None) -> None:
         self.keys = RunKeys(run)
-        self.heartbeat_ttl_s = heartbeat_ttl_s
+        self.heartbeat_ttl_s = heartbeat_ttl_s or config.heartbeat_ttl_s()
         self.run = run
         self.url = url
         self._redis = Reconnecting(url, wait_s=wait_s, on_reconnect=on_reconnect)

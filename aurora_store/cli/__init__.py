@@ -17,7 +17,7 @@ EXIT_OK, EXIT_PROBLEMS, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from aurora_store.cli import deltas
+    from aurora_store.cli import deltas, ops
 
     parser = argparse.ArgumentParser(
         prog="aurora", description="Sparse delta checkpoints for RL policy weights.",
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     deltas.register(sub)
+    ops.register(sub)
     return parser
 
 

@@ -1,9 +1,10 @@
 """Version-aware eligibility and throughput-proportional batch allocation (pure functions).
 
-Eligible for step ``v``: actors already on ``v``, and actors on ``v − 1`` that have ``D_v`` staged (they are
-sent ``Commit(v)`` first). Everyone else is excluded for this step and its throughput estimate decays by
-``α``, so a rejoining actor starts conservatively. Each eligible actor ``a`` gets ``⌊B·τ_a/T⌋`` prompts; the
-remainder goes to the largest fractional parts (ties: lower actor id), so the split is deterministic.
+Eligible for step ``v``: actors already on ``v``, and actors on ``v − 1`` with ``D_v`` staged or being staged
+(they are sent ``Commit(v)`` first and activate it before generating; their leases wait until then).
+Everyone else is excluded for this step and its throughput estimate decays by ``α``, so a rejoining actor
+starts conservatively. Each eligible actor ``a`` gets ``⌊B·τ_a/T⌋`` prompts; the remainder goes to the
+largest fractional parts (ties: lower actor id), so the split is deterministic.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class ActorView:
     actor_id: str
     active_version: int | None
     staged_version: int | None
+    staging_version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ def eligibility(actors: Mapping[str, ActorView], version: int) -> Eligibility:
         view = actors[actor_id]
         if view.active_version == version:
             ready.append(actor_id)
-        elif view.active_version == version - 1 and view.staged_version == version:
+        elif view.active_version == version - 1 and version in (view.staged_version, view.staging_version):
             commit.append(actor_id)
         else:
             excluded.append(actor_id)

@@ -90,6 +90,8 @@ class StepLedger:
         self.expired = 0
         self.returned = 0
         self.granted = 0
+        self.started_ms: int | None = None  # first grant (server clock)
+        self.completed_ms: int | None = None  # arrival of the result that completed the step
 
     # --- granting --------------------------------------------------------------------------------
 
@@ -114,6 +116,8 @@ class StepLedger:
             self.leases[lease.lease_id] = LeaseRecord(lease, actor_id, now_ms)
             out.append(lease)
         self.granted += len(out)
+        if out and self.started_ms is None:
+            self.started_ms = now_ms
         return out
 
     def expire(self, now_ms: int) -> list[LeaseRecord]:
@@ -179,6 +183,8 @@ class StepLedger:
                     other.state = "superseded"
         record.state = "accepted"
         self.accepted[prompt_id] = result
+        if self.complete:
+            self.completed_ms = arrival_ms
         latency = arrival_ms - record.granted_ms
         self.policy.observe(latency)
         return Verdict(True, "ok", record, latency)
@@ -207,6 +213,13 @@ class StepLedger:
             raise SchedulingError("a prompt was lost")
         if len(set(accepted)) != len(accepted) or len(set(pooled) & set(accepted)) or len(set(active) & set(accepted)):
             raise SchedulingError("a prompt is counted twice")
+
+    @property
+    def makespan_ms(self) -> int | None:
+        """From the first grant to the arrival of the last needed result."""
+        if self.started_ms is None or self.completed_ms is None:
+            return None
+        return self.completed_ms - self.started_ms
 
     def counters(self) -> dict[str, int]:
         return {"accepted": len(self.accepted), "rejected": sum(self.rejected.values()), "granted": self.granted,

@@ -34,14 +34,15 @@ def test_eligibility_is_version_aware():
     actors = {
         "on_v": ActorView("on_v", 7, None),
         "staged": ActorView("staged", 6, 7),
+        "staging": ActorView("staging", 6, None, 7),
         "behind_unstaged": ActorView("behind_unstaged", 6, None),
         "far_behind": ActorView("far_behind", 4, 5),
         "fresh": ActorView("fresh", None, None),
     }
     e = eligibility(actors, 7)
-    assert e.ready == ("on_v",) and e.need_commit == ("staged",)
+    assert e.ready == ("on_v",) and e.need_commit == ("staged", "staging")
     assert set(e.excluded) == {"behind_unstaged", "far_behind", "fresh"}
-    assert e.eligible == ("on_v", "staged")
+    assert e.eligible == ("on_v", "staged", "staging")
 
 
 def test_estimator_ema_decay_and_newcomers():

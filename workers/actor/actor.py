@@ -23,7 +23,14 @@ from aurora_store.bus import ActorState, ControlPlane, Lease, RolloutResult
 from aurora_store.codec import StagedDelta, activate
 from aurora_store.codec.digest import WeightsDigest
 from aurora_store.config import TransferSettings
-from aurora_store.errors import AuroraError, BusError, DigestMismatchError, VersionNotFoundError
+from aurora_store.errors import (
+    AuroraError,
+    BusError,
+    CorruptSegmentError,
+    DigestMismatchError,
+    IntegrityError,
+    VersionNotFoundError,
+)
 from aurora_store.store import DeltaStore, open_bucket, plan_catch_up
 from aurora_store.store.replay import stage_version
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
@@ -48,6 +55,8 @@ class Actor:
         self.sources: VersionSources | None = None
         self.lock = threading.Condition()
         self.staged: StagedDelta | None = None
+        self.staging: int | None = None
+        self.beat_now = threading.Event()  # state changed: tell the trainer now, not at the next tick
         self.known_latest = -1
         self.committed = -1
         self.queue: deque[Lease] = deque()
@@ -85,7 +94,7 @@ class Actor:
         if source_url and source_url != self.regional.url:
             source = DeltaStore(open_bucket(source_url, settings=self.settings), self.settings)
         self.sources = VersionSources(self.regional, source, self.config.region, info.get("home_region", ""),
-                                      self.plane)
+                                      self.plane, self.actor_id)
         self.sources.refresh()
         store = self.sources.store()
         if not store.snapshot_versions() and source is not None:
@@ -138,7 +147,7 @@ class Actor:
             staged_version=staged.version if staged is not None else None, tokens_per_s=self.tokens_per_s,
             leases=len(self.queue), status=self.status, heartbeat_ms=int(time.time() * 1000),
             source=self.sources.label if self.sources else "regional", downloaded_bytes=self.downloaded_bytes,
-            host=socket.gethostname())
+            host=socket.gethostname(), staging_version=self.staging)
 
     def _heartbeat_loop(self) -> None:
         while not self.stopped.is_set():
@@ -149,7 +158,8 @@ class Actor:
                         self.lock.notify_all()
             except AuroraError as exc:
                 log.warning("heartbeat failed", extra={"error": str(exc)})
-            self.stopped.wait(1.0)
+            self.beat_now.wait(1.0)
+            self.beat_now.clear()
 
     # --- background: learn about versions and stage the next one ---------------------------------
 
@@ -184,6 +194,22 @@ class Actor:
                 log.warning("event loop error", extra={"error": str(exc)})
                 self.stopped.wait(0.5)
 
+    def _stage(self, version: int) -> StagedDelta:
+        """Stage from the current bucket; if its copy is corrupt, re-fetch from the source bucket instead."""
+        store = self.sources.store()
+        try:
+            return stage_version(store, version, self.target, streams=self.settings.streams,
+                                 on_fetched=self._count_bytes)
+        except (IntegrityError, CorruptSegmentError) as exc:
+            source = self.sources.source
+            if source is None or source is store:
+                raise
+            log.warning("corrupt copy of version %d in %s; re-fetching from the source bucket", version, store.url,
+                        extra={"error": str(exc)})
+            self.plane.log_event("refetch_source", actor=self.actor_id, version=version, error=type(exc).__name__)
+            return stage_version(source, version, self.target, streams=self.settings.streams,
+                                 on_fetched=self._count_bytes)
+
     def _stager_loop(self) -> None:
         while not self.stopped.is_set():
             with self.lock:
@@ -191,9 +217,10 @@ class Actor:
                 if self.staged is not None or self.known_latest < want:
                     self.lock.wait(0.5)
                     continue
+            self.staging = want
+            self.beat_now.set()
             try:
-                staged = stage_version(self.sources.store(), want, self.target, streams=self.settings.streams,
-                                       on_fetched=self._count_bytes)
+                staged = self._stage(want)
             except VersionNotFoundError:
                 self.stopped.wait(0.3)  # announced but not in this bucket yet (relay still copying)
                 continue
@@ -204,10 +231,13 @@ class Actor:
                 self.plane.log_event("stage_failed", actor=self.actor_id, version=want, error=type(exc).__name__)
                 self.stopped.wait(1.0)
                 continue
+            finally:
+                self.staging = None
             with self.lock:
                 if staged.base_version == self.target.version:
                     self.staged = staged
                     self.lock.notify_all()
+            self.beat_now.set()
 
     # --- the main loop ---------------------------------------------------------------------------
 
@@ -228,6 +258,7 @@ class Actor:
                 self.staged = None
                 self.activations += 1
                 self.lock.notify_all()
+            self.beat_now.set()
             seconds = time.perf_counter() - started
             logs.set_version(self.target.version)
             if self.config.verify_full_digest and self.target.full_digest() != self.target.digest:
@@ -256,11 +287,8 @@ class Actor:
         groups = self.engine.generate([lease.prompt for lease in batch], batch[0].group_size,
                                       self.config.max_new_tokens or batch[0].max_new_tokens, batch[0].temperature,
                                       seed=(int(batch[0].lease_id[:8], 16) ^ self.config.seed) & 0x7FFFFFFF)
-        elapsed = time.perf_counter() - started
-        if self.config.slowdown > 1:
-            time.sleep((self.config.slowdown - 1) * elapsed)
-            elapsed *= self.config.slowdown
         tokens = sum(len(c.ids) for group in groups for c in group)
+        elapsed = self._emulate(time.perf_counter() - started, tokens)
         if len(batch) >= self.config.batch_size and elapsed > 0:
             # Capacity is measured on full batches only: partial batches are dominated by fixed costs and
             # would make an under-used actor look slow, starving it further.
@@ -271,6 +299,15 @@ class Actor:
                 "result", lease.lease_id, self.actor_id, self.token, version, digest,
                 sum(len(c.ids) for c in group), share, [c.as_dict() for c in group]))
 
+    def _emulate(self, elapsed: float, tokens: int) -> float:
+        """Stretch a batch to emulate a slower engine (``--slowdown``, ``--sim-tokens-per-s``)."""
+        target = elapsed * max(self.config.slowdown, 1.0)
+        if self.config.sim_tokens_per_s:
+            target = max(target, tokens / self.config.sim_tokens_per_s)
+        if target > elapsed:
+            time.sleep(target - elapsed)
+        return target
+
     def calibrate(self, warm_up: bool = False) -> None:
         """Measure generation capacity (tokens/s) on one full batch. Done before taking work and again
         whenever the actor sits idle, so an estimate taken under a transient slowdown does not persist."""
@@ -279,8 +316,8 @@ class Actor:
             self.engine.generate(prompts, 2, 2, 1.0, seed=0)  # first calls pay one-time costs
         started = time.perf_counter()
         groups = self.engine.generate(prompts, 8, self.config.max_new_tokens or 4, 1.0, seed=1)
-        elapsed = (time.perf_counter() - started) * max(self.config.slowdown, 1.0)
-        rate = sum(len(c.ids) for g in groups for c in g) / elapsed
+        tokens = sum(len(c.ids) for g in groups for c in g)
+        rate = tokens / self._emulate(time.perf_counter() - started, tokens)
         self.tokens_per_s = rate if not self.tokens_per_s else 0.5 * self.tokens_per_s + 0.5 * rate
         self.calibrated_at = time.monotonic()
 
@@ -295,6 +332,8 @@ class Actor:
         for thread in threads:
             thread.start()
         log.info("ready", extra={"actor": self.actor_id, "region": self.config.region})
+        self.plane.log_event("actor_ready", actor=self.actor_id, region=self.config.region,
+                             version=self.target.version, tokens_per_s=round(self.tokens_per_s, 1))
         try:
             while not self.leaving.is_set():
                 work_cursor = self._pull_work(work_cursor, block_ms=None if self.queue else 200)
@@ -330,6 +369,7 @@ class Actor:
         """Graceful leave: hand back unfinished leases at once, deregister."""
         self.status = "leaving"
         self.stopped.set()
+        self.beat_now.set()
         try:
             pending = list(self.queue)
             self.queue.clear()

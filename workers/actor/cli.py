@@ -27,6 +27,7 @@ class ActorConfig:
     slowdown: float  # artificial per-batch delay factor (heterogeneity experiments); 1.0 = none
     seed: int
     verify_full_digest: bool  # re-hash all weights after every activation (tests)
+    sim_tokens_per_s: float | None  # emulate a slower accelerator: generation takes ≥ tokens / rate seconds
 
 
 def default_engine() -> str:
@@ -62,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--slowdown", type=float, default=1.0, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sim-tokens-per-s", type=float, default=None,
+                        help="emulate an engine of this throughput (scheduling experiments): batches take at least "
+                             "tokens / rate seconds")
     parser.add_argument("--verify-full-digest", action="store_true",
                         help="after every activation, re-hash all weights from scratch and compare (slow)")
     return parser
@@ -75,4 +79,4 @@ def parse_args(argv: list[str] | None = None) -> ActorConfig:
         streams=args.streams, cache_dir=args.cache_dir, metrics_port=args.metrics_port,
         trainer_public_key=args.trainer_public_key, batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens, slowdown=args.slowdown, seed=args.seed,
-        verify_full_digest=args.verify_full_digest)
+        verify_full_digest=args.verify_full_digest, sim_tokens_per_s=args.sim_tokens_per_s)

@@ -20,6 +20,7 @@ class VersionSources:
     region: str
     home_region: str
     plane: ControlPlane
+    actor_id: str = ""
 
     def __post_init__(self) -> None:
         self._fallback = False
@@ -45,7 +46,7 @@ class VersionSources:
             self._fallback = want
         log.warning("relay for %s is %s: reading from the %s bucket", self.region,
                     "gone" if want else "back", "source" if want else "regional")
-        self.plane.log_event("source_switch", region=self.region, fallback=int(want))
+        self.plane.log_event("source_switch", actor=self.actor_id, region=self.region, fallback=int(want))
         return True
 
     def store(self) -> DeltaStore:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -22,6 +22,7 @@ class CheckpointInfo:
     version: int  # version the master weights correspond to (published or about to be)
     rewards: list  # mean reward per step so far
     rng_seed: int
+    counters: dict = field(default_factory=dict)  # cumulative rollout counters, carried across restarts
 
 
 def save(directory: str | Path, model, optimizer, info: CheckpointInfo) -> None:

@@ -39,6 +39,7 @@ class TrainerConfig:
     logdir: str | None
     wandb: bool
     step_timeout_s: float
+    split: str  # "proportional" (to estimated throughput) or "uniform"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--logdir", help="TensorBoard event files go here (default: <checkpoint-dir>/tb)")
     p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (WANDB_MODE=offline works)")
     p.add_argument("--step-timeout-s", type=float, default=600.0, help="give up if a step gets no progress")
+    p.add_argument("--split", choices=["proportional", "uniform"], default="proportional",
+                   help="how a batch is split across eligible actors (uniform: for comparison)")
     return p
 
 
@@ -89,4 +92,4 @@ def parse_args(argv: list[str] | None = None) -> TrainerConfig:
         warm_start_steps=a.warm_start_steps, max_operand=a.max_operand, seed=a.seed, streams=a.streams,
         segment_bytes=a.segment_bytes, lease_factor=a.lease_factor, initial_lease_s=a.initial_lease_s,
         signing_key=a.signing_key, metrics_port=a.metrics_port, logdir=a.logdir, wandb=a.wandb,
-        step_timeout_s=a.step_timeout_s)
+        step_timeout_s=a.step_timeout_s, split=a.split)

@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 
 from aurora_store.bus import ControlPlane, VersionEvent
 from aurora_store.bus.messages import ActorState, RolloutResult
-from aurora_store.sched import ActorView, LeasePolicy, Prompt, StepLedger, ThroughputEstimator, eligibility
+from aurora_store.sched import (
+    ActorView,
+    LeasePolicy,
+    Prompt,
+    StepLedger,
+    ThroughputEstimator,
+    allocate,
+    eligibility,
+)
 
 log = logging.getLogger("aurora.trainer.dispatch")
 
@@ -35,6 +43,20 @@ class DispatchStats:
     def rejected_total(self) -> int:
         return sum(self.rejected.values())
 
+    def as_counters(self) -> dict:
+        return {"accepted": self.accepted, "rejected": dict(self.rejected), "results_received": self.results_received,
+                "returned": self.returned, "expired": self.expired, "per_actor_accepted": dict(self.per_actor_accepted),
+                "stale": self.stale}
+
+    def restore(self, counters: dict) -> None:
+        self.accepted = int(counters.get("accepted", 0))
+        self.rejected = Counter(counters.get("rejected", {}))
+        self.results_received = int(counters.get("results_received", 0))
+        self.returned = int(counters.get("returned", 0))
+        self.expired = int(counters.get("expired", 0))
+        self.per_actor_accepted = Counter(counters.get("per_actor_accepted", {}))
+        self.stale = int(counters.get("stale", 0))
+
 
 class NoEligibleActors(TimeoutError):
     pass
@@ -42,7 +64,7 @@ class NoEligibleActors(TimeoutError):
 
 class Dispatcher:
     def __init__(self, plane: ControlPlane, region: str, consumer: str, policy: LeasePolicy,
-                 estimator: ThroughputEstimator | None = None,
+                 estimator: ThroughputEstimator | None = None, *, uniform: bool = False,
                  on_verdict: Callable[[str, RolloutResult | None, object], None] | None = None) -> None:
         self.plane = plane
         self.region = region
@@ -50,6 +72,7 @@ class Dispatcher:
         self.policy = policy
         self.estimator = estimator or ThroughputEstimator()
         self.stats = DispatchStats()
+        self.uniform = uniform
         self.committed = -1
         self.on_verdict = on_verdict
         self._tokens: dict[str, str] = {}
@@ -70,7 +93,7 @@ class Dispatcher:
         for actor_id, state in actors.items():  # τ_a: EMA over the actors' measured capacity
             if state.tokens_per_s > 0:
                 self.estimator.observe(actor_id, state.tokens_per_s)
-        views = {a: ActorView(a, s.active_version, s.staged_version) for a, s in actors.items()}
+        views = {a: ActorView(a, s.active_version, s.staged_version, s.staging_version) for a, s in actors.items()}
         return eligibility(views, version), actors
 
     def commit(self, version: int) -> None:
@@ -98,14 +121,17 @@ class Dispatcher:
         self.commit(version)
         ledger = StepLedger(step, version, digest, prompts, self.policy, group_size=group_size,
                             max_new_tokens=max_new_tokens, token_of=self.token_of)
-        shares = self.estimator.shares(len(prompts), elig.eligible)
+        shares = (allocate(len(prompts), dict.fromkeys(elig.eligible, 1.0)) if self.uniform
+                  else self.estimator.shares(len(prompts), elig.eligible))
         now = self.plane.now_ms()
         for actor_id, count in shares.items():
             leases = ledger.grant(actor_id, count, now)
             if leases:
                 self.plane.grant(actor_id, leases)
         self.plane.log_event("dispatch", step=step, version=version, shares=shares,
-                             excluded=list(elig.excluded), need_commit=list(elig.need_commit))
+                             excluded=list(elig.excluded), need_commit=list(elig.need_commit),
+                             lease_ms=self.policy.duration_ms(),
+                             estimates={a: round(self.estimator.get(a), 1) for a in elig.eligible})
         log.info("step %d dispatched on version %d", step, version,
                  extra={"shares": shares, "excluded": list(elig.excluded)})
         return ledger
@@ -160,8 +186,13 @@ class Dispatcher:
             self.stats.per_actor_accepted[result.actor_id] += 1
         else:
             self.stats.rejected[verdict.reason] += 1
-        self.plane.log_event("settle", step=ledger.step, actor=getattr(result, "actor_id", ""),
-                             version=getattr(result, "version", None), accepted=int(verdict.accepted),
+        lease = verdict.lease.lease if verdict.lease is not None else None
+        self.plane.log_event("settle", trainer=self.consumer, step=ledger.step, actor=getattr(result, "actor_id", ""),
+                             version=getattr(result, "version", None), digest=getattr(result, "weights_digest", None),
+                             job_version=lease.version if lease else None,
+                             job_digest=lease.weights_digest if lease else None,
+                             expires_ms=lease.expires_ms if lease else None, arrival_ms=arrival,
+                             prompt=lease.prompt_id if lease else None, accepted=int(verdict.accepted),
                              reason=verdict.reason)
         if self.on_verdict is not None:
             self.on_verdict(verdict.reason, result, verdict)

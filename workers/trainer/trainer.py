@@ -60,6 +60,8 @@ class StepRecord:
     publish_s: float
     accepted: int
     rejected: int
+    prompts: int  # prompts of this step's batch accepted (= batch size)
+    makespan_s: float  # dispatch of the batch to its last accepted result
 
 
 @dataclass
@@ -87,7 +89,8 @@ class Trainer:
             self.store, self.layout, CodecParams(segment_bytes=cfg.segment_bytes), settings.streams,
             producer={"run": cfg.run, "process": "trainer", "host": socket.gethostname()}, sign=self.sign)
         self.dispatcher = Dispatcher(self.plane, cfg.region, f"trainer-{os.getpid()}",
-                                     LeasePolicy(factor=cfg.lease_factor, initial_ms=int(1000 * cfg.initial_lease_s)))
+                                     LeasePolicy(factor=cfg.lease_factor, initial_ms=int(1000 * cfg.initial_lease_s)),
+                                     uniform=cfg.split == "uniform")
         self.version = 0
         self.step = 0
         self.rewards: list[float] = []
@@ -151,6 +154,7 @@ class Trainer:
         replay(self.store, target, plan.deltas, streams=self.settings.streams)
         self.published, self.digest, self.version = state, target.digest, latest
         self.step, self.rewards = info.step, list(info.rewards)
+        self.dispatcher.stats.restore(info.counters)
         if info.version == latest + 1:  # crashed between checkpoint and publish: publish it now
             self._publish(info.version)
         elif str(digest_state(self.layout, self._cast())) != str(self.digest):
@@ -232,8 +236,9 @@ class Trainer:
         cfg = self.config
         self.start()
         start_step = self.step
-        # Rollouts for step k+1 are generated on version max(k-1, 0) while step k trains.
-        pending = self._dispatch(start_step + 1, max(self.version - 1, 0) if start_step else 0)
+        # Rollouts for step k+1 are generated on version k-1 while step k trains. The first batch (and the
+        # first one after a restart, when actors may already run the newest version) uses the newest version.
+        pending = self._dispatch(start_step + 1, self.version)
         for step in range(start_step + 1, cfg.steps + 1):
             if self.stopping:
                 break
@@ -249,11 +254,13 @@ class Trainer:
             self.step = step
             self.rewards.append(stats.mean_reward)
             checkpoint.save(cfg.checkpoint_dir, self.model, self.learner.optimizer,
-                            checkpoint.CheckpointInfo(step, self.version + 1, self.rewards, cfg.seed))
+                            checkpoint.CheckpointInfo(step, self.version + 1, self.rewards, cfg.seed,
+                                                      self.dispatcher.stats.as_counters()))
             delta_bytes, density, publish_s = self._publish(self.version + 1)
             record = StepRecord(step, self.version, current.version, stats.mean_reward, stats.loss, stats.kl,
                                 stats.clip_fraction, delta_bytes, density, wait_s, train_s, publish_s,
-                                self.dispatcher.stats.accepted, self.dispatcher.stats.rejected_total)
+                                self.dispatcher.stats.accepted, self.dispatcher.stats.rejected_total,
+                                len(current.accepted), (current.makespan_ms or 0) / 1000)
             self.records.append(record)
             self.plane.log_event("step", **{k: round(v, 6) if isinstance(v, float) else v
                                             for k, v in record.__dict__.items()})
@@ -286,8 +293,8 @@ class Trainer:
             "leases_returned": self.dispatcher.stats.returned,
             "per_actor_accepted": dict(self.dispatcher.stats.per_actor_accepted),
             "bucket": self.store.url,
-            "step_times": [{"wait_s": r.wait_s, "train_s": r.train_s, "publish_s": r.publish_s}
-                           for r in self.records],
+            "step_times": [{"wait_s": r.wait_s, "train_s": r.train_s, "publish_s": r.publish_s,
+                            "makespan_s": r.makespan_s} for r in self.records],
         }
 
 

@@ -1,0 +1,223 @@
+"""``aurora gc``: delete what no retained snapshot chain needs, never what an actor could still need.
+
+Policy. The newest ``N`` snapshots are kept; let ``s₀`` be the oldest of them. Everything an actor needs to
+reach the latest version from any kept snapshot is kept: the deltas ``s₀+1 … latest``, every segment they
+name, and every layout a kept manifest names. Deleted: snapshots older than ``s₀`` (manifest and files),
+delta manifests ``≤ s₀``, the segments only those deltas named, layouts only deleted manifests named, and
+snapshot directories below ``s₀`` that never got a manifest (abandoned writes).
+
+Kept on purpose:
+
+* **all history rows** (``history/``): a few KiB per version, not needed to catch up, but they are the
+  record of the run that ``aurora log`` and the notebooks read — after a gc they still describe every
+  version ever published;
+* ``run.json``, ``latest.json`` and run-log exports (``runlog/``);
+* **orphan segments** (named by no manifest at all) unless ``prune_orphans``: a publisher uploads a
+  version's segments *before* creating its manifest, so an orphan may belong to a version being published
+  right now; prune them only when no trainer is writing to the bucket.
+
+Safety. The plan is made from one inventory that is first checked like ``aurora verify`` (without
+``--deep``); if any problem concerns a kept version or a shared layout, or the chain ``s₀+1 … latest`` is
+not complete, gc refuses (:class:`GcRefusedError`) and deletes nothing. Deletions run in an order that
+keeps every listed manifest complete at every instant: snapshot manifests, then delta manifests, then the
+snapshot files and segments they named, then layouts. A reader therefore never lists a manifest whose
+objects are gone (one that read a manifest just before it was deleted may still fail to fetch; it
+re-plans from the listing, as after any failed fetch).
+
+Relays re-copy what their region lacks from the source listing, so collect the source bucket first and
+the regional buckets after. On a live run keep at least two snapshots: an actor that falls behind the
+oldest kept snapshot can only catch up by loading a snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from aurora_store.errors import AuroraError, ConfigError, VersionNotFoundError
+from aurora_store.ops.inventory import Inventory, delete_object, object_size, parallel_map, read_inventory
+from aurora_store.ops.problems import Problem
+from aurora_store.ops.verify import check_inventory
+from aurora_store.store import keys
+from aurora_store.store.versions import DeltaStore
+
+Kind = Literal["snapshot_manifest", "delta_manifest", "snapshot_file", "segment", "orphan_segment", "layout"]
+#: The order deletions run in (see the module docstring for why).
+ORDER: tuple[Kind, ...] = ("snapshot_manifest", "delta_manifest", "snapshot_file", "segment", "orphan_segment",
+                           "layout")
+
+
+class GcRefusedError(AuroraError, RuntimeError):
+    """gc found problems in the part of the bucket it would keep, and deleted nothing."""
+
+    def __init__(self, message: str, problems: Iterable[Problem]) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
+
+
+@dataclass(frozen=True)
+class Deletion:
+    key: str
+    size: int
+    kind: Kind
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "size": self.size, "kind": self.kind}
+
+
+@dataclass(frozen=True)
+class GcPlan:
+    """What gc keeps and deletes. ``deletions`` are in the order they run; sizes of segments and snapshot
+    files are the ones their manifests declare."""
+
+    url: str
+    keep_snapshots: int
+    retained_snapshots: tuple[int, ...]
+    kept_deltas: tuple[int, ...]
+    removed_snapshots: tuple[int, ...]
+    removed_deltas: tuple[int, ...]
+    deletions: tuple[Deletion, ...]
+    orphan_segments: tuple[str, ...]
+    prune_orphans: bool
+
+    @property
+    def bytes_freed(self) -> int:
+        return sum(d.size for d in self.deletions)
+
+    def of_kind(self, kind: Kind) -> tuple[Deletion, ...]:
+        return tuple(d for d in self.deletions if d.kind == kind)
+
+
+@dataclass(frozen=True)
+class GcReport:
+    plan: GcPlan
+    dry_run: bool
+    deleted: int
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.plan
+        return {"ok": True, "bucket": p.url, "dry_run": self.dry_run, "keep_snapshots": p.keep_snapshots,
+                "retained_snapshots": list(p.retained_snapshots), "kept_deltas": _range_json(p.kept_deltas),
+                "removed_snapshots": list(p.removed_snapshots), "removed_deltas": list(p.removed_deltas),
+                "deletions": [d.to_json() for d in p.deletions], "orphan_segments": list(p.orphan_segments),
+                "prune_orphans": p.prune_orphans, "bytes_freed": p.bytes_freed, "deleted": self.deleted}
+
+
+def plan_gc(store: DeltaStore | str, keep_snapshots: int, *, prune_orphans: bool = False) -> GcPlan:
+    """Decide what to delete (nothing is deleted). Raises :class:`GcRefusedError` when the kept chain has
+    problems, :class:`ConfigError` for ``keep_snapshots < 1`` and :class:`VersionNotFoundError` for a bucket
+    without versions."""
+    if keep_snapshots < 1:
+        raise ConfigError(f"--keep-snapshots must be at least 1, got {keep_snapshots}")
+    store = DeltaStore(store) if isinstance(store, str) else store
+    inv = read_inventory(store)
+    if inv.empty:
+        raise VersionNotFoundError(f"{store.url} holds no delta or snapshot manifests: is the URL right?")
+    retained = inv.listed_snapshots[-keep_snapshots:]
+    oldest = retained[0] if retained else None
+    _check_kept_chain(store, inv, oldest)
+    if oldest is None:  # no snapshot: every delta is someone's only way to the latest version
+        removed_deltas: tuple[int, ...] = ()
+        removed_snapshots: tuple[int, ...] = ()
+    else:
+        removed_deltas = tuple(v for v in inv.listed_deltas if v <= oldest)
+        removed_snapshots = tuple(v for v in inv.listed_snapshots if v < oldest)
+    kept_deltas = tuple(v for v in inv.listed_deltas if v not in removed_deltas)
+    deletions = _deletions(store, inv, oldest, removed_deltas, removed_snapshots, kept_deltas, retained)
+    referenced = {ref.digest for m in inv.deltas.values() for ref in m.segments}
+    orphans = tuple(sorted(inv.segments - referenced))
+    if prune_orphans:
+        sizes = parallel_map(store, lambda d: object_size(store, keys.segment(d)), orphans)
+        deletions += [Deletion(keys.segment(d), s or 0, "orphan_segment") for d, s in zip(orphans, sizes)]
+    deletions.sort(key=lambda d: ORDER.index(d.kind))  # stable: keeps version order within a kind
+    return GcPlan(store.url, keep_snapshots, tuple(retained), kept_deltas, removed_snapshots, removed_deltas,
+                  tuple(deletions), orphans, prune_orphans)
+
+
+def collect_garbage(store: DeltaStore | str, keep_snapshots: int, *, dry_run: bool = False,
+                    prune_orphans: bool = False) -> GcReport:
+    """Plan, then (unless ``dry_run``) delete in the safe order. An interrupted gc leaves a consistent
+    bucket: running it again finishes the manifests and snapshot files; segments whose manifests were
+    already gone are orphans by then, which ``prune_orphans`` removes (when no trainer is publishing)."""
+    store = DeltaStore(store) if isinstance(store, str) else store
+    plan = plan_gc(store, keep_snapshots, prune_orphans=prune_orphans)
+    if dry_run:
+        return GcReport(plan, True, 0)
+    for kind in ORDER:  # one kind at a time: a kind starts only once the previous one is fully deleted
+        batch = plan.of_kind(kind)
+        parallel_map(store, lambda d: delete_object(store, d.key), batch)
+    return GcReport(plan, False, len(plan.deletions))
+
+
+def _check_kept_chain(store: DeltaStore, inv: Inventory, oldest: int | None) -> None:
+    report = check_inventory(store, inv)
+    blocking = [p for p in report.problems if _blocks(p, oldest)]
+    latest = inv.latest or 0
+    if oldest is not None:
+        gaps = [v for v in range(oldest + 1, latest + 1) if v not in inv.deltas]
+        if gaps and not blocking:
+            blocking.append(Problem("snapshot_stranded", f"cannot reach the latest version {latest}: delta "
+                                                         f"{gaps[0]} is missing or unreadable", oldest))
+    if blocking:
+        raise GcRefusedError(f"refusing to collect {store.url}: {len(blocking)} problem(s) in what would be kept "
+                             f"(run aurora verify); nothing was deleted", blocking)
+
+
+#: Problems that concern only a delta manifest or its segments: harmless at the oldest kept snapshot's
+#: version, whose delta gc deletes (the snapshot takes its place as the chain's start).
+_DELTA_ONLY = frozenset({"manifest_malformed", "manifest_wrong_version", "manifest_layout_mismatch", "segment_missing",
+                         "segment_size", "segment_digest", "segment_corrupt", "chain_base", "chain_digest",
+                         "chain_gap", "replay_failed"})
+
+
+def _blocks(problem: Problem, oldest: int | None) -> bool:
+    """Whether ``problem`` touches what gc keeps. Layout problems always do (a layout is shared by versions
+    on both sides); so does everything when there is no snapshot to keep."""
+    if oldest is None or problem.version is None or problem.code.startswith("layout_"):
+        return True
+    if problem.version != oldest:
+        return problem.version > oldest
+    return problem.code not in _DELTA_ONLY
+
+
+def _deletions(store: DeltaStore, inv: Inventory, oldest: int | None, removed_deltas: tuple[int, ...],
+               removed_snapshots: tuple[int, ...], kept_deltas: tuple[int, ...],
+               retained: tuple[int, ...]) -> list[Deletion]:
+    out: list[Deletion] = []
+    for version in removed_snapshots:
+        snap = inv.snapshots.get(version)
+        manifest_key = keys.snapshot_manifest(version)
+        size = len(snap.to_bytes()) if snap is not None else object_size(store, manifest_key) or 0
+        out.append(Deletion(manifest_key, size, "snapshot_manifest"))
+    for version in removed_deltas:
+        out.append(Deletion(keys.delta(version), inv.manifest_sizes.get(version, 0), "delta_manifest"))
+    abandoned = [v for v in inv.snapshot_keys if v not in inv.listed_snapshots and oldest is not None and v < oldest]
+    for version in sorted([*removed_snapshots, *abandoned]):
+        declared = {f.name: f.size for f in inv.snapshots[version].files} if version in inv.snapshots else {}
+        files = [k for k in inv.snapshot_keys[version] if k != keys.snapshot_manifest(version)]
+        prefix = keys.snapshot_dir(version)
+        sizes = [declared.get(k[len(prefix):]) for k in files]
+        sizes = [s if s is not None else object_size(store, k) or 0 for k, s in zip(files, sizes)]
+        out += [Deletion(k, s, "snapshot_file") for k, s in zip(files, sizes)]
+    kept_segments = {ref.digest for v in kept_deltas if v in inv.deltas for ref in inv.deltas[v].segments}
+    dropped: dict[str, int] = {}
+    for version in removed_deltas:
+        for ref in inv.deltas[version].segments if version in inv.deltas else ():
+            if ref.digest not in kept_segments and ref.digest in inv.segments:
+                dropped.setdefault(ref.digest, ref.size)
+    out += [Deletion(keys.segment(d), s, "segment") for d, s in dropped.items()]
+    kept_layouts = {inv.deltas[v].layout_fingerprint for v in kept_deltas if v in inv.deltas}
+    kept_layouts |= {inv.snapshots[v].layout_fingerprint for v in retained if v in inv.snapshots}
+    dropped_layouts = {inv.deltas[v].layout_fingerprint for v in removed_deltas if v in inv.deltas}
+    dropped_layouts |= {inv.snapshots[v].layout_fingerprint for v in removed_snapshots if v in inv.snapshots}
+    for fingerprint in sorted(dropped_layouts - kept_layouts):
+        if fingerprint in inv.layouts:
+            key = keys.layout(fingerprint)
+            out.append(Deletion(key, object_size(store, key) or 0, "layout"))
+    return out
+
+
+def _range_json(versions: tuple[int, ...]) -> dict[str, Any]:
+    return {"first": versions[0] if versions else None, "last": versions[-1] if versions else None,
+            "count": len(versions)}

@@ -1,0 +1,365 @@
+"""The chaos scenarios: spot preemption, joins, lag, relay loss, Redis loss, flaky storage, trainer restart
+and heterogeneous actors — each against real processes, a real Redis and real buckets."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from aurora_store.localservices import S3Server
+from aurora_store.store import DeltaStore, keys, open_bucket
+from aurora_store.store.snapshots import read_snapshot_manifest
+from workers.chaos.faultproxy import FaultProxy, FaultRates
+from workers.chaos.harness import (
+    ScenarioResult,
+    events,
+    fast_spec,
+    finish,
+    longest_stall,
+    ms,
+    now_ms,
+    wait_version,
+)
+from workers.cluster import LocalCluster
+
+Scenario = Callable[[Path, bool], ScenarioResult]
+
+
+def _dispatch_with(cluster: LocalCluster, actor: str, after_ms: int) -> dict | None:
+    """The first dispatch after ``after_ms`` that gave ``actor`` at least one lease."""
+    for entry in events(cluster.plane.run_log(), "dispatch"):
+        if ms(entry) >= after_ms and json.loads(entry.get("shares") or "{}").get(actor, 0) > 0:
+            return entry
+    return None
+
+
+def _slow_victim_spec(run_dir: Path, steps: int):
+    # A uniform split and an emulated 10 tokens/s victim that takes one lease at a time: whenever it is hit,
+    # it still holds unfinished leases (the point of both preemption scenarios).
+    return fast_spec(run_dir, steps=steps, actors={"us-east": 2}, trainer_args=["--split", "uniform"])
+
+
+def kill_actor_mid_batch(run_dir: Path, quick: bool) -> ScenarioResult:
+    """An actor is SIGKILLed right after receiving leases: they expire back to the pool within one lease
+    duration, the survivors complete the step, and nobody pauses."""
+    steps = 8 if quick else 14
+    result = ScenarioResult("kill_actor_mid_batch", ["SIGKILL actor us-east-3 holding leases"])
+    with LocalCluster(_slow_victim_spec(run_dir, steps)) as cluster:
+        cluster.start_actor("us-east-3", "us-east", ["--sim-tokens-per-s", "10", "--batch-size", "1"])
+        wait_version(cluster, 2)
+        mark = now_ms()
+        cluster.wait_for(lambda: _dispatch_with(cluster, "us-east-3", mark), 60, "leases for the victim")
+        cluster.group["actor-us-east-3"].kill()
+        killed = now_ms()
+        summary = cluster.wait_trainer_done(300)
+        log = cluster.plane.run_log()
+        expiries = [e for e in events(log, "expire") if "us-east-3" in e.get("actors", "") and ms(e) >= killed]
+        lease_ms = max(int(e["lease_ms"]) for e in events(log, "dispatch") if ms(e) <= killed)
+        recovered = (ms(expiries[0]) - killed) / 1000 if expiries else None
+        result.longest_stall_s = longest_stall(log, ["us-east-1", "us-east-2"], killed, ms(log[-1]))
+        result.figures = {"lease_duration_s": lease_ms / 1000, "leases_back_in_pool_after_s": recovered,
+                          "expired_leases": sum(int(e["leases"]) for e in expiries)}
+        result.invariants["leases_expired_within_one_lease_duration"] = (recovered is not None and
+                                                                       recovered <= lease_ms / 1000 + 1.0)
+        finish(result, cluster, summary, log, expected_steps=steps, expected_dead={"us-east-3"})
+        result.invariants["survivors_never_paused"] = result.longest_stall_s <= lease_ms / 1000 + 5.0
+    return result
+
+
+def sigterm_actor(run_dir: Path, quick: bool) -> ScenarioResult:
+    """A preemption notice (SIGTERM): the actor hands its leases back at once and deregisters."""
+    steps = 8 if quick else 14
+    result = ScenarioResult("sigterm_graceful_leave", ["SIGTERM actor us-east-3 holding leases"])
+    with LocalCluster(_slow_victim_spec(run_dir, steps)) as cluster:
+        cluster.start_actor("us-east-3", "us-east", ["--sim-tokens-per-s", "10", "--batch-size", "1"])
+        wait_version(cluster, 2)
+        mark = now_ms()
+        cluster.wait_for(lambda: _dispatch_with(cluster, "us-east-3", mark), 60, "leases for the leaver")
+        victim = cluster.group["actor-us-east-3"]
+        victim.process.send_signal(signal.SIGTERM)
+        sent = now_ms()
+        victim.process.wait(timeout=60)
+        summary = cluster.wait_trainer_done(300)
+        log = cluster.plane.run_log()
+        leave = [e for e in events(log, "actor_leave") if e.get("actor") == "us-east-3"]
+        expired = [e for e in events(log, "expire") if "us-east-3" in e.get("actors", "") and ms(e) >= sent]
+        result.figures = {"exit_code": victim.process.returncode,
+                          "returned_leases": int(leave[0]["returned"]) if leave else None,
+                          "leave_after_s": (ms(leave[0]) - sent) / 1000 if leave else None,
+                          "leases_returned_total": summary.get("leases_returned"), "expired_of_leaver": len(expired)}
+        result.invariants["left_gracefully"] = victim.process.returncode == 0 and bool(leave)
+        result.invariants["leases_returned_not_expired"] = not expired
+        result.longest_stall_s = longest_stall(log, ["us-east-1", "us-east-2"], sent, ms(log[-1]))
+        finish(result, cluster, summary, log, expected_steps=steps, expected_dead={"us-east-3"})
+    return result
+
+
+def actor_joins_mid_run(run_dir: Path, quick: bool) -> ScenarioResult:
+    """A new actor joins: snapshot + catch-up replay, eligible within a step, bytes as planned."""
+    steps = 18 if quick else 24
+    result = ScenarioResult("actor_joins_mid_run", ["start actor us-east-3 after version 6"])
+    with LocalCluster(fast_spec(run_dir, steps=steps, actors={"us-east": 2}, snapshot_every=5)) as cluster:
+        wait_version(cluster, 6)
+        cluster.start_actor("us-east-3", "us-east", env={})
+        joined = now_ms()
+        summary = cluster.wait_trainer_done(300)
+        log = cluster.plane.run_log()
+        boot = [e for e in events(log, "actor_bootstrap") if e.get("actor") == "us-east-3"]
+        ready = next((e for e in events(log, "actor_ready") if e.get("actor") == "us-east-3"), None)
+        first = next((e for e in events(log, "settle") if e.get("actor") == "us-east-3" and e["accepted"] == "1"),
+                     None)
+        first_share = next((e for e in events(log, "dispatch") if ready and ms(e) >= ms(ready)
+                            and json.loads(e.get("shares") or "{}").get("us-east-3", 0) > 0), None)
+        step_s = statistics.median(float(e["wait_s"]) + float(e["train_s"]) + float(e["publish_s"])
+                                   for e in events(log, "step")) if events(log, "step") else 1.0
+        b = boot[0] if boot else {}
+        result.figures = {"snapshot": b.get("snapshot"), "deltas_replayed": b.get("deltas"),
+                          "planned_bytes": b.get("planned_bytes"), "downloaded_bytes": b.get("downloaded_bytes"),
+                          "bootstrap_s": (ms(b) - joined) / 1000 if b else None,
+                          "first_leases_after_ready_s": (ms(first_share) - ms(ready)) / 1000
+                          if first_share and ready else None,
+                          "first_accepted_after_bootstrap_s": (ms(first) - ms(b)) / 1000 if first and b else None,
+                          "median_step_s": step_s}
+        result.invariants["downloaded_bytes_match_plan"] = bool(b) and b["planned_bytes"] == b["downloaded_bytes"]
+        result.invariants["bootstrapped_from_a_snapshot"] = bool(b) and int(b["snapshot"]) >= 5
+        # Registered after catching up, it must get work at the next dispatch (within about one step).
+        result.invariants["eligible_within_one_step"] = bool(first_share and ready) and \
+            (ms(first_share) - ms(ready)) / 1000 <= step_s + 2.0 and first is not None
+        finish(result, cluster, summary, log, expected_steps=steps)
+    return result
+
+
+def actor_falls_behind(run_dir: Path, quick: bool) -> ScenarioResult:
+    """An actor is frozen (SIGSTOP) while ≥2 versions are published: it is excluded, its throughput estimate
+    decays, it replays only the missed deltas and rejoins."""
+    steps = 12 if quick else 18
+    result = ScenarioResult("actor_falls_behind", ["SIGSTOP actor us-east-3 for ≥3 versions, then SIGCONT"])
+    with LocalCluster(fast_spec(run_dir, steps=steps, actors={"us-east": 3})) as cluster:
+        wait_version(cluster, 2)
+        victim = cluster.group["actor-us-east-3"]
+        before = cluster.plane.actors()["us-east-3"][0]
+        os.kill(victim.process.pid, signal.SIGSTOP)
+        frozen_at, frozen_version = now_ms(), cluster.trainer_version()
+        wait_version(cluster, frozen_version + 3)
+        os.kill(victim.process.pid, signal.SIGCONT)
+        resumed = now_ms()
+        summary = cluster.wait_trainer_done(300)
+        log = cluster.plane.run_log()
+        store = cluster.store()
+        excluded = [e for e in events(log, "dispatch") if '"us-east-3"' in e.get("excluded", "")]
+        rejoined = [e for e in events(log, "settle") if e.get("actor") == "us-east-3" and e["accepted"] == "1"
+                    and ms(e) >= resumed]
+        back = ms(rejoined[0]) if rejoined else ms(log[-1])
+        catch_up = [e for e in events(log, "activate") if e.get("actor") == "us-east-3" and resumed <= ms(e) <= back]
+        boots = [e for e in events(log, "actor_bootstrap") if e.get("actor") == "us-east-3"]
+        missed = [int(e["version"]) for e in catch_up]
+        estimates = [e for e in events(log, "dispatch") if ms(e) >= resumed and '"us-east-3"' in e.get("estimates", "")]
+        result.figures = {"frozen_s": (resumed - frozen_at) / 1000, "frozen_at_version": frozen_version,
+                          "versions_missed": len(missed), "rejoined_after_s": (back - resumed) / 1000,
+                          "replayed_versions": missed, "steps_excluded": len(excluded),
+                          "replayed_bytes": sum(store.delta_bytes(v) for v in missed),
+                          "rejoined_results": len(rejoined), "tokens_per_s_before": before.tokens_per_s,
+                          "first_estimate_after_rejoin": estimates[0]["estimates"] if estimates else None}
+        result.invariants["excluded_while_behind"] = len(excluded) >= 1
+        result.invariants["caught_up_by_replay_only"] = len(boots) == 1 and len(missed) >= 2 and \
+            missed == sorted(missed)
+        result.invariants["rejoined"] = len(rejoined) > 0
+        finish(result, cluster, summary, log, expected_steps=steps)
+    return result
+
+
+def relay_dies(run_dir: Path, quick: bool) -> ScenarioResult:
+    """The region's relay is killed: its actors fall back to the source bucket and keep producing; a
+    restarted relay resumes without re-copying what the regional bucket already holds."""
+    steps = 12 if quick else 18
+    result = ScenarioResult("relay_dies", ["SIGKILL relay-eu-west", "restart relay-eu-west"])
+    spec = fast_spec(run_dir, steps=steps, actors={"us-east": 1, "eu-west": 2})
+    with LocalCluster(spec) as cluster:
+        wait_version(cluster, 2)
+        cluster.group["relay-eu-west"].kill()
+        killed, killed_version = now_ms(), cluster.trainer_version()
+        cluster.wait_for(lambda: [e for e in events(cluster.plane.run_log(), "source_switch") if e["fallback"] == "1"],
+                         60, "fallback to the source bucket")
+        wait_version(cluster, killed_version + 3)
+        regional = cluster.store("eu-west")
+        held = set(regional.versions())
+        missing_bytes = sum(cluster.store().manifest(v).segment_bytes for v in cluster.store().versions()
+                            if v not in held)
+        held_snapshots = set(regional.snapshot_versions())
+        cluster.start_relay("eu-west", name="relay-eu-west-restarted")
+        restarted = now_ms()
+        summary = cluster.wait_trainer_done(300)
+        log = cluster.plane.run_log()
+        relay = cluster.plane.relay("eu-west")
+        source = cluster.store()
+        # Everything the restarted relay may copy: versions/snapshots the region did not hold at restart.
+        allowed = sum(source.manifest(v).segment_bytes for v in source.versions() if v not in held) + sum(
+            read_snapshot_manifest(source, s).total_bytes for s in source.snapshot_versions()
+            if s not in held_snapshots)
+        remote_results = [e for e in events(log, "settle") if e.get("actor", "").startswith("eu-west")
+                          and e["accepted"] == "1" and killed <= ms(e) <= restarted]
+        switches = [(e.get("actor"), e["fallback"]) for e in events(log, "source_switch")]
+        result.figures = {"fallback_switches": switches, "remote_results_while_relay_down": len(remote_results),
+                          "bytes_missing_at_restart": missing_bytes, "bytes_restarted_relay_may_copy": allowed,
+                          "bytes_copied_by_restarted_relay": relay.bytes_copied if relay else None}
+        result.invariants["remote_actors_kept_producing"] = len(remote_results) > 0
+        result.invariants["restarted_relay_did_not_recopy"] = relay is not None and relay.bytes_copied <= allowed
+        result.invariants["regional_bucket_complete_again"] = regional.versions() == cluster.store().versions()
+        result.longest_stall_s = longest_stall(log, ["eu-west-1", "eu-west-2"], killed, ms(log[-1]))
+        finish(result, cluster, summary, log, expected_steps=steps)
+    return result
+
+
+def redis_restarts(run_dir: Path, quick: bool) -> ScenarioResult:
+    """Redis restarts with all data lost: every component reconnects, re-derives state from the bucket, and
+    the run continues."""
+    steps = 10 if quick else 16
+    result = ScenarioResult("redis_restarts", ["restart Redis (all streams, groups and states lost)"])
+    spec = fast_spec(run_dir, steps=steps, actors={"us-east": 1, "eu-west": 2})
+    with LocalCluster(spec) as cluster:
+        wait_version(cluster, 3)
+        log_before = cluster.plane.run_log()
+        cluster.redis.restart()
+        restarted = now_ms()
+        summary = cluster.wait_trainer_done(300)
+        log = log_before + cluster.plane.run_log()
+        alive = {n: p.alive or p.process.returncode == 0 for n, p in cluster.group.processes.items()}
+        result.figures = {"run_log_entries_lost_and_recovered": len(log_before),
+                          "steps_after_restart": len([e for e in events(log, "step") if ms(e) >= restarted]),
+                          "expired_after_restart": sum(int(e["leases"]) for e in events(log, "expire")
+                                                       if ms(e) >= restarted),
+                          "processes_ok": alive}
+        result.invariants["every_component_survived"] = all(alive.values())
+        result.longest_stall_s = longest_stall(log, cluster.actor_ids, restarted, ms(log[-1]))
+        # Results settled before the restart were logged in the lost run log: count per-step only after.
+        finish(result, cluster, summary, _complete_steps_only(log, restarted), expected_steps=steps)
+    return result
+
+
+def _complete_steps_only(log: list[dict], since_ms: int) -> list[dict]:
+    """Drop settle entries of steps that straddle a run-log loss (their earlier entries are gone)."""
+    straddling = {e["step"] for e in events(log, "settle") if ms(e) >= since_ms} & \
+        {e["step"] for e in events(log, "settle") if ms(e) < since_ms}
+    return [e for e in log if not (e.get("kind") == "settle" and e.get("step") in straddling)]
+
+
+def flaky_storage(run_dir: Path, quick: bool) -> ScenarioResult:
+    """The home bucket is a real S3 server behind a fault-injecting proxy (5xx, slow and stalled responses),
+    and one segment in the regional bucket is corrupted on disk: retries and digest checks absorb both."""
+    steps = 10 if quick else 16
+    result = ScenarioResult("flaky_storage", ["5% 5xx, 5% slow, 1% stalled S3 responses",
+                                              "bit-flip one regional segment on disk"])
+    with S3Server() as s3:
+        s3.start()
+        s3.create_bucket("home")
+        rates = FaultRates(error=0.05, slow=0.05, stall=0.01, slow_s=0.3, stall_s=6.0)
+        with FaultProxy(s3.endpoint_url, rates, seed=7) as proxy:
+            home_url = f"s3://home/run?endpoint_url={proxy.endpoint_url}"
+            spec = fast_spec(run_dir, steps=steps, actors={"us-east": 1, "eu-west": 1},
+                             env={**s3.env()}, bucket_urls={"us-east": home_url,
+                                                            "eu-west": str(run_dir / "buckets" / "eu-west")})
+            with LocalCluster(spec) as cluster:
+                wait_version(cluster, 3)
+                remote = cluster.group["actor-eu-west-1"]
+                os.kill(remote.process.pid, signal.SIGSTOP)  # hold the remote actor so it meets the corruption
+                target_version = cluster.trainer_version() + 1
+                regional = DeltaStore(open_bucket(cluster.buckets["eu-west"]))
+                cluster.wait_for(lambda: target_version in regional.versions(), 90, "relay forwarding")
+                manifest = regional.manifest(target_version)
+                victim = manifest.segments[0]
+                path = Path(cluster.buckets["eu-west"]) / keys.segment(victim.digest)
+                blob = bytearray(path.read_bytes())
+                blob[len(blob) // 2] ^= 0x40
+                path.write_bytes(bytes(blob))
+                os.kill(remote.process.pid, signal.SIGCONT)
+                summary = cluster.wait_trainer_done(400)
+                log = cluster.plane.run_log()
+                refetched = [e for e in events(log, "refetch_source") if int(e["version"]) == target_version]
+                activated = [e for e in events(log, "activate") if e.get("actor") == "eu-west-1"
+                             and int(e["version"]) == target_version]
+                result.figures = {"proxy": proxy.counters.as_dict(), "corrupted_version": target_version,
+                                  "refetched_from_source": len(refetched),
+                                  "activated_digest_ok": bool(activated) and activated[0]["digest"] ==
+                                  manifest.weights_digest}
+                result.invariants["faults_were_injected"] = proxy.counters.errors + proxy.counters.stalls > 0
+                result.invariants["corrupt_segment_refetched_not_applied"] = bool(refetched) and \
+                    result.figures["activated_digest_ok"]
+                result.longest_stall_s = longest_stall(log, cluster.actor_ids, ms(log[0]), ms(log[-1]))
+                # The corrupted regional copy is a fault we injected on purpose: verify the home bucket only.
+                cluster.buckets = {"us-east": home_url}
+                finish(result, cluster, summary, log, expected_steps=steps)
+    return result
+
+
+def trainer_restarts(run_dir: Path, quick: bool) -> ScenarioResult:
+    """The trainer is SIGKILLed and restarted from its checkpoint: versions continue without gaps or
+    duplicates while actors keep their current version."""
+    steps = 10 if quick else 16
+    result = ScenarioResult("trainer_restarts", ["SIGKILL trainer", "restart trainer from its checkpoint"])
+    with LocalCluster(fast_spec(run_dir, steps=steps, actors={"us-east": 2, "eu-west": 1})) as cluster:
+        wait_version(cluster, 4)
+        cluster.trainer().kill()
+        killed, killed_version = now_ms(), cluster.trainer_version()
+        versions_before = {a: s.active_version for a, (s, _) in cluster.plane.actors().items()}
+        time.sleep(2.0)
+        during = {a: s.active_version for a, (s, _) in cluster.plane.actors().items()}
+        cluster.start_trainer()
+        summary = cluster.wait_trainer_done(300)
+        log = cluster.plane.run_log()
+        store = cluster.store()
+        resumes = events(log, "trainer_resume")
+        result.figures = {"killed_at_version": killed_version, "resumed_at": resumes[0] if resumes else None,
+                          "actor_versions_at_kill": versions_before, "actor_versions_while_down": during,
+                          "stale_results_after_restart": summary.get("rejected_by_reason", {}),
+                          "versions": len(store.versions())}
+        result.invariants["resumed_from_checkpoint"] = bool(resumes)
+        result.invariants["actors_kept_their_version_while_down"] = all(
+            during.get(a) is not None and during[a] >= (v or 0) for a, v in versions_before.items())
+        result.longest_stall_s = longest_stall(log, cluster.actor_ids, killed, ms(log[-1]))
+        finish(result, cluster, summary, log, expected_steps=steps)
+    return result
+
+
+def heterogeneous_actors(run_dir: Path, quick: bool) -> ScenarioResult:
+    """One actor is 3× slower: throughput-proportional allocation makes them finish together; the step's
+    generation makespan is compared with a uniform split."""
+    steps = 8 if quick else 14
+    result = ScenarioResult("heterogeneous_actors", ["actor us-east-3 at 1/3 the throughput of the others"])
+    makespans = {}
+    for split in ("uniform", "proportional"):
+        spec = fast_spec(run_dir / split, steps=steps, batch_size=24, group_size=4, actors={"us-east": 2},
+                         actor_args=["--sim-tokens-per-s", "300"], trainer_args=["--split", split])
+        with LocalCluster(spec) as cluster:
+            cluster.start_actor("us-east-3", "us-east", ["--sim-tokens-per-s", "100"])
+            summary = cluster.wait_trainer_done(400)
+            log = cluster.plane.run_log()
+            # skip the first steps: actors join at different times and estimates settle
+            spans = [t["makespan_s"] for t in summary["step_times"][2:]]
+            makespans[split] = statistics.mean(spans) if spans else None
+            if split == "proportional":
+                finish(result, cluster, summary, log, expected_steps=steps)
+    uniform, proportional = makespans["uniform"], makespans["proportional"]
+    gain = (uniform / proportional - 1) if uniform and proportional else None
+    result.figures = {"mean_makespan_uniform_s": uniform, "mean_makespan_proportional_s": proportional,
+                      "proportional_speedup_pct": round(100 * gain, 1) if gain is not None else None,
+                      "paper_pct": "26-35"}
+    result.invariants["proportional_beats_uniform"] = gain is not None and gain > 0.15
+    return result
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "kill_actor_mid_batch": kill_actor_mid_batch,
+    "sigterm_graceful_leave": sigterm_actor,
+    "actor_joins_mid_run": actor_joins_mid_run,
+    "actor_falls_behind": actor_falls_behind,
+    "relay_dies": relay_dies,
+    "redis_restarts": redis_restarts,
+    "flaky_storage": flaky_storage,
+    "trainer_restarts": trainer_restarts,
+    "heterogeneous_actors": heterogeneous_actors,
+}
