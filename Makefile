@@ -7,7 +7,7 @@ STAMP := $(VENV)/.aurora-installed
 # torch comes from the local CPU wheel on our machines (pip finds it); any matching release works elsewhere.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv demo test test-fast lint bench chaos clean
+.PHONY: venv system-deps demo test test-fast lint bench chaos clean
 
 venv: $(STAMP)
 
@@ -21,7 +21,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m workers.demo
 
-test: $(STAMP)
+# Debian's redis-server, for the TLS tests (the PyPI Valkey build has no TLS); installed when root.
+system-deps:
+	@command -v redis-server >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { apt-get install -y -q redis-server >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q redis-server >/dev/null 2>&1; }; }; } || \
+	  echo "note: redis-server is not installed: the TLS tests will be skipped"
+
+test: $(STAMP) system-deps
 	$(PY) -m ruff check aurora_store workers tests
 	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q
 
@@ -33,6 +40,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m aurora_store.bench codec --json
+
+# Every failure scenario against real processes; the last line is one JSON object with the figures.
+chaos: $(STAMP)
+	$(PY) -m workers.chaos
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

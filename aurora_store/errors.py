@@ -44,6 +44,10 @@ class ManifestError(FormatError):
     """A manifest is malformed or inconsistent with its segments."""
 
 
+class SignatureError(ManifestError):
+    """A manifest is unsigned, signed by another key, or its signature does not cover its content."""
+
+
 class BaseVersionMismatchError(CodecError):
     """A delta's declared base version is not the target's active version."""
 

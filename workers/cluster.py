@@ -32,6 +32,7 @@ class ClusterSpec:
     actor_args: list[str] = field(default_factory=list)
     relay_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    signing: bool = True  # the trainer signs manifests; actors and relays verify them
 
 
 class LocalCluster:
@@ -47,6 +48,16 @@ class LocalCluster:
             if "://" not in url:
                 Path(url).mkdir(parents=True, exist_ok=True)
         self.group = ProcessGroup(self.run_dir / "logs", env=dict(spec.env))
+        self.signing_key: Path | None = None
+        self.public_key: Path | None = None
+        if spec.signing:
+            from aurora_store.trust import write_keypair
+
+            key_dir = self.run_dir / "keys"
+            if (key_dir / "trainer.key").exists():
+                self.signing_key, self.public_key = key_dir / "trainer.key", key_dir / "trainer.pub"
+            else:
+                self.signing_key, self.public_key = write_keypair(key_dir)
         self.plane: ControlPlane | None = None
         self.actor_ids: list[str] = []
         self._restarts = 0
@@ -70,6 +81,10 @@ class LocalCluster:
     def common(self) -> list[str]:
         return ["--redis", self.redis.url, "--run", self.spec.run]
 
+    @property
+    def trust_args(self) -> list[str]:
+        return ["--trainer-public-key", str(self.public_key)] if self.public_key else []
+
     def start_trainer(self, extra: list[str] | None = None) -> Managed:
         name = "trainer" if not self._restarts else f"trainer-{self._restarts}"
         self._restarts += 1
@@ -77,12 +92,13 @@ class LocalCluster:
             "--bucket", self.buckets[self.spec.home], "--region", self.spec.home, "--steps", str(self.spec.steps),
             "--batch-size", str(self.spec.batch_size), "--group-size", str(self.spec.group_size),
             "--checkpoint-dir", str(self.run_dir / "trainer"), "--snapshot-every", str(self.spec.snapshot_every),
+            *(["--signing-key", str(self.signing_key)] if self.signing_key else []),
             *self.common, *self.spec.trainer_args, *(extra or [])])
 
     def start_relay(self, region: str, extra: list[str] | None = None, name: str | None = None) -> Managed:
         return self.group.start(name or f"relay-{region}", "workers.relay", [
             "--source", self.buckets[self.spec.home], "--dest", self.buckets[region], "--region", region,
-            *self.common, *self.spec.relay_args, *(extra or [])])
+            *self.common, *self.trust_args, *self.spec.relay_args, *(extra or [])])
 
     def start_actor(self, actor_id: str, region: str, extra: list[str] | None = None, *,
                     env: dict[str, str] | None = None) -> Managed:
@@ -90,8 +106,8 @@ class LocalCluster:
             self.actor_ids.append(actor_id)
         return self.group.start(f"actor-{actor_id}", "workers.actor", [
             "--bucket", self.buckets[region], "--region", region, "--id", actor_id, "--engine", self.spec.engine,
-            "--cache-dir", str(self.run_dir / "cache" / actor_id), *self.common, *self.spec.actor_args,
-            *(extra or [])], env=env)
+            "--cache-dir", str(self.run_dir / "cache" / actor_id), *self.common, *self.trust_args,
+            *self.spec.actor_args, *(extra or [])], env=env)
 
     def stop(self) -> None:
         self.group.stop_all()
@@ -148,6 +164,12 @@ class LocalCluster:
     def trainer_version(self) -> int:
         state = self.plane.trainer_state()
         return state.version if state else -1
+
+    def export_run_log(self) -> str | None:
+        """Copy the run log into the home bucket (the trainer does this too; actors log after it ends)."""
+        from aurora_store.ops.runlog import export_run_log
+
+        return export_run_log(self.plane, self.store())
 
     def diagnostics(self) -> str:
         parts = []

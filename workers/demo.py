@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         except TimeoutError:
             print("  ! not every actor reached the final version", file=sys.stderr)
         states = cluster.plane.actors()
+        cluster.export_run_log()
     result = {
         "steps": summary["steps"], "reward_initial": summary["reward_initial"],
         "reward_final": summary["reward_final"], "delta_bytes": summary["delta_bytes"],

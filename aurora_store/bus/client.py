@@ -46,12 +46,22 @@ def connect(url: str, *, wait_s: float = 0.0, socket_timeout: float = SOCKET_TIM
             return client
         except Exception as exc:  # translated below
             error = translate(exc, url)
+            if url.startswith("redis://") and _closed_on_connect(exc):
+                # A server that hangs up on the first command of a plain connection speaks TLS only:
+                # retrying cannot help.
+                error = BusAuthError(f"{redact(url)} closed the connection at once: it probably requires TLS "
+                                     f"(use rediss://) ({exc})")
             if isinstance(error, BusAuthError) or time.monotonic() >= deadline:
                 client.close()
                 raise error from None
             log.warning("Redis not reachable yet, retrying", extra={"error": str(exc)})
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+def _closed_on_connect(exc: BaseException) -> bool:
+    text = str(exc)
+    return isinstance(exc, redis.ConnectionError) and ("reset by peer" in text or "Connection closed" in text)
 
 
 def redact(url: str) -> str:

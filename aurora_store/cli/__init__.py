@@ -1,7 +1,7 @@
 """The ``aurora`` command line.
 
-Exit codes: 0 success; 1 a check found problems (``verify``); 2 bad input or a failed operation (the
-message names the cause); 130 interrupted.
+Exit codes: 0 success; 1 a check found problems (``verify``) or ``gc`` refused; 2 bad input or a failed
+operation (the message names the cause); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -17,16 +17,17 @@ EXIT_OK, EXIT_PROBLEMS, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from aurora_store.cli import deltas, ops
+    from aurora_store.cli import deltas, keys, ops
 
     parser = argparse.ArgumentParser(
         prog="aurora", description="Sparse delta checkpoints for RL policy weights.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="exit codes: 0 ok, 1 problems found (verify), 2 error, 130 interrupted")
+        epilog="exit codes: 0 ok, 1 problems found (verify) or refused (gc), 2 error, 130 interrupted")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     deltas.register(sub)
     ops.register(sub)
+    keys.register(sub)
     return parser
 
 

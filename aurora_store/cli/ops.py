@@ -74,6 +74,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     verify.add_argument("--deep", action="store_true",
                         help="re-download and re-hash all bytes and replay the chain between snapshots")
     verify.add_argument("--json", action="store_true", help='print one JSON object {"ok", "problems", "checked"}')
+    verify.add_argument("--public-key", default=os.environ.get("AURORA_TRAINER_PUBLIC_KEY"),
+                        help="trainer's Ed25519 public key (file or base64): every manifest must be signed by it")
     verify.set_defaults(handler=cmd_verify)
 
     gc = sub.add_parser("gc", help="delete what no retained snapshot's chain needs",
@@ -113,7 +115,12 @@ def _store(url: str) -> DeltaStore:
 def cmd_verify(args: argparse.Namespace) -> int:
     from aurora_store.ops.verify import verify_bucket
 
-    report = verify_bucket(_store(args.bucket), deep=args.deep)
+    hook = None
+    if args.public_key:
+        from aurora_store.trust import Verifier
+
+        hook = Verifier.load(args.public_key)
+    report = verify_bucket(_store(args.bucket), deep=args.deep, verify_manifest=hook)
     if args.json:
         emit_json(report.to_json())
         return EXIT_OK if report.ok else EXIT_PROBLEMS

@@ -21,7 +21,7 @@ from aurora_store.bus.messages import Lease, RolloutResult
 from aurora_store.errors import SchedulingError
 
 REASONS = ("late", "wrong_version", "wrong_digest", "unknown_lease", "duplicate", "wrong_actor", "bad_token",
-           "malformed", "not_active")
+           "unregistered", "malformed", "not_active")
 
 
 @dataclass(frozen=True)
@@ -160,6 +160,8 @@ class StepLedger:
         if record.actor_id != result.actor_id:
             return self._reject("wrong_actor", record)
         expected_token = self.token_of(result.actor_id)
+        if expected_token == "":
+            return self._reject("unregistered", record)
         if expected_token is not None and result.token != expected_token:
             return self._reject("bad_token", record)
         if arrival_ms > record.lease.expires_ms:

@@ -187,10 +187,14 @@ def read_snapshot_file(store: DeltaStore, manifest: SnapshotManifest, name: str)
 
 
 def load_snapshot(store: DeltaStore, version: int, layout: ModelLayout, *,
-                  download_dir: str | os.PathLike | None = None,
-                  verify_digest: bool = True) -> tuple[dict[str, torch.Tensor], SnapshotManifest]:
-    """Download and verify a snapshot; return its training-layout tensors (and optionally keep the files)."""
+                  download_dir: str | os.PathLike | None = None, verify_digest: bool = True,
+                  verify_manifest=None) -> tuple[dict[str, torch.Tensor], SnapshotManifest]:
+    """Download and verify a snapshot; return its training-layout tensors (and optionally keep the files).
+
+    ``verify_manifest`` (e.g. a signature check) runs on the manifest before any file is downloaded."""
     manifest = read_snapshot_manifest(store, version)
+    if verify_manifest is not None:
+        verify_manifest(manifest)
     if manifest.layout_fingerprint != layout.fingerprint:
         raise LayoutMismatchError(f"snapshot {version} has layout {manifest.layout_fingerprint}, "
                                   f"expected {layout.fingerprint}")

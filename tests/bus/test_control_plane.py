@@ -150,3 +150,25 @@ def test_restart_mid_run_reconnects_and_recreates_the_group():
 
 def test_plain_client_api_still_works(redis_url):
     assert isinstance(connect(redis_url), redis.Redis)
+
+
+needs_tls_server = pytest.mark.skipif(
+    __import__("shutil").which("redis-server") is None,
+    reason="TLS needs Debian's redis-server (make test installs it; the PyPI Valkey build has no TLS)")
+
+
+@needs_tls_server
+def test_tls_and_auth_end_to_end_and_clear_errors_on_misconfiguration():
+    with RedisServer(tls=True, password="s3cret").start() as server:
+        plane = ControlPlane(server.url, "tls")
+        plane.register_actor(actor_state("a1"))
+        assert set(plane.actors()) == {"a1"}
+        started = time.monotonic()
+        with pytest.raises(BusAuthError, match="TLS"):
+            connect(server.plain_url, wait_s=30)  # plain connection to a TLS-only server
+        with pytest.raises(BusAuthError, match="credentials"):
+            connect(server.url.replace("s3cret", "wrong"), wait_s=30)
+        assert time.monotonic() - started < 5, "misconfiguration must not be retried for wait_s"
+        no_ca = server.url.split("?")[0]  # TLS without trusting the server's certificate
+        with pytest.raises(BusAuthError, match="TLS"):
+            connect(no_ca, wait_s=30)

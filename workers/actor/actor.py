@@ -29,11 +29,13 @@ from aurora_store.errors import (
     CorruptSegmentError,
     DigestMismatchError,
     IntegrityError,
+    ManifestError,
     VersionNotFoundError,
 )
 from aurora_store.store import DeltaStore, open_bucket, plan_catch_up
 from aurora_store.store.replay import stage_version
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
+from aurora_store.trust import Verifier
 from workers.actor.cli import ActorConfig, parse_args
 from workers.actor.engine import Engine, load_engine
 from workers.actor.sources import VersionSources
@@ -69,6 +71,8 @@ class Actor:
         self.calibrated_at = 0.0
         self.status = "starting"
         self.cache_dir = Path(config.cache_dir or f"/tmp/aurora-actor-{self.actor_id}")
+        # The trainer's key comes from the command line / environment, never from a bucket.
+        self.verify = Verifier.load(config.trainer_public_key) if config.trainer_public_key else None
 
     # --- bootstrap -------------------------------------------------------------------------------
 
@@ -99,15 +103,34 @@ class Actor:
         store = self.sources.store()
         if not store.snapshot_versions() and source is not None:
             store = source  # regional bucket not seeded yet
-        self.layout = store.layout(info["layout"])
+        try:
+            self._bootstrap_from(store)
+        except (ManifestError, IntegrityError, CorruptSegmentError, DigestMismatchError) as exc:
+            if source is None or store is source:
+                raise
+            # A corrupt or forged regional copy: the source bucket is the truth.
+            log.warning("bootstrap from %s failed; using the source bucket", store.url, extra={"error": str(exc)})
+            self.plane.log_event("refetch_source", actor=self.actor_id, version=-1, error=type(exc).__name__)
+            if self.engine is not None:
+                self.engine.close()
+                self.engine = None
+            self._bootstrap_from(source)
+
+    def _bootstrap_from(self, store: DeltaStore) -> None:
         trainer = self.plane.trainer_state()
         latest = store.latest_version() or 0
         self.committed = trainer.committed if trainer is not None and trainer.committed >= 0 else max(latest - 1, 0)
         goal = min(latest, self.committed)
         snapshots = {s: read_snapshot_manifest(store, s).total_bytes for s in store.snapshot_versions() if s <= goal}
         plan = plan_catch_up(None, goal, {v: store.delta_bytes(v) for v in store.versions() if v <= goal}, snapshots)
+        # The layout comes from the (signed) snapshot manifest; its document is checked against that hash.
+        snapshot = read_snapshot_manifest(store, plan.snapshot)
+        if self.verify is not None:
+            self.verify(snapshot)
+        self.layout = store.layout(snapshot.layout_fingerprint)
         model_dir = self.cache_dir / f"snapshot-{plan.snapshot}"
-        _, manifest = load_snapshot(store, plan.snapshot, self.layout, download_dir=model_dir)
+        _, manifest = load_snapshot(store, plan.snapshot, self.layout, download_dir=model_dir,
+                                    verify_manifest=self.verify)
         self.downloaded_bytes += manifest.total_bytes
         self.engine = load_engine(self.config.engine, model_dir, self.layout, seed=self.config.seed)
         target = self.engine.target
@@ -117,7 +140,7 @@ class Actor:
             raise DigestMismatchError("engine weights differ from the snapshot it loaded")
         for version in plan.deltas:
             staged = stage_version(store, version, target, streams=self.settings.streams,
-                                   on_fetched=self._count_bytes)
+                                   on_fetched=self._count_bytes, verify_manifest=self.verify)
             activate(staged, target)
             self.downloaded_bytes += len(staged.manifest.to_bytes())
         self.engine.weights_changed()
@@ -195,12 +218,13 @@ class Actor:
                 self.stopped.wait(0.5)
 
     def _stage(self, version: int) -> StagedDelta:
-        """Stage from the current bucket; if its copy is corrupt, re-fetch from the source bucket instead."""
+        """Stage from the current bucket; if its copy is corrupt or tampered with (bad bytes, unsigned or
+        mis-signed manifest), re-fetch from the source bucket instead."""
         store = self.sources.store()
         try:
             return stage_version(store, version, self.target, streams=self.settings.streams,
-                                 on_fetched=self._count_bytes)
-        except (IntegrityError, CorruptSegmentError) as exc:
+                                 on_fetched=self._count_bytes, verify_manifest=self.verify)
+        except (IntegrityError, CorruptSegmentError, ManifestError, DigestMismatchError) as exc:
             source = self.sources.source
             if source is None or source is store:
                 raise
@@ -208,7 +232,7 @@ class Actor:
                         extra={"error": str(exc)})
             self.plane.log_event("refetch_source", actor=self.actor_id, version=version, error=type(exc).__name__)
             return stage_version(source, version, self.target, streams=self.settings.streams,
-                                 on_fetched=self._count_bytes)
+                                 on_fetched=self._count_bytes, verify_manifest=self.verify)
 
     def _stager_loop(self) -> None:
         while not self.stopped.is_set():

@@ -101,10 +101,13 @@ class FaultProxy:
                     response = conn.getresponse()
                     data = response.read()
                     self.send_response(response.status, response.reason)
+                    head = self.command == "HEAD"  # a HEAD answer keeps the object's Content-Length
                     for key, value in response.getheaders():
-                        if key.lower() not in ("transfer-encoding", "content-length", "connection"):
+                        if key.lower() not in ("transfer-encoding", "connection") and (
+                                head or key.lower() != "content-length"):
                             self.send_header(key, value)
-                    self.send_header("Content-Length", str(len(data)))
+                    if not head:
+                        self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
                     if self.command != "HEAD":
                         self.wfile.write(data)

@@ -3,6 +3,7 @@ and heterogeneous actors — each against real processes, a real Redis and real 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -101,9 +102,12 @@ def sigterm_actor(run_dir: Path, quick: bool) -> ScenarioResult:
 
 def actor_joins_mid_run(run_dir: Path, quick: bool) -> ScenarioResult:
     """A new actor joins: snapshot + catch-up replay, eligible within a step, bytes as planned."""
-    steps = 18 if quick else 24
+    steps = 30 if quick else 40
     result = ScenarioResult("actor_joins_mid_run", ["start actor us-east-3 after version 6"])
-    with LocalCluster(fast_spec(run_dir, steps=steps, actors={"us-east": 2}, snapshot_every=5)) as cluster:
+    # Emulated 150 tokens/s actors give every step a floor duration, so the run outlasts the joiner's start.
+    spec = fast_spec(run_dir, steps=steps, actors={"us-east": 2}, snapshot_every=5,
+                     actor_args=["--sim-tokens-per-s", "150"])
+    with LocalCluster(spec) as cluster:
         wait_version(cluster, 6)
         cluster.start_actor("us-east-3", "us-east", env={})
         joined = now_ms()
@@ -113,8 +117,10 @@ def actor_joins_mid_run(run_dir: Path, quick: bool) -> ScenarioResult:
         ready = next((e for e in events(log, "actor_ready") if e.get("actor") == "us-east-3"), None)
         first = next((e for e in events(log, "settle") if e.get("actor") == "us-east-3" and e["accepted"] == "1"),
                      None)
-        first_share = next((e for e in events(log, "dispatch") if ready and ms(e) >= ms(ready)
-                            and json.loads(e.get("shares") or "{}").get("us-east-3", 0) > 0), None)
+        after_ready = [e for e in events(log, "dispatch") if ready and ms(e) >= ms(ready)]
+        waited = next((i for i, e in enumerate(after_ready)
+                       if json.loads(e.get("shares") or "{}").get("us-east-3", 0) > 0), None)
+        first_share = after_ready[waited] if waited is not None else None
         step_s = statistics.median(float(e["wait_s"]) + float(e["train_s"]) + float(e["publish_s"])
                                    for e in events(log, "step")) if events(log, "step") else 1.0
         b = boot[0] if boot else {}
@@ -122,14 +128,13 @@ def actor_joins_mid_run(run_dir: Path, quick: bool) -> ScenarioResult:
                           "planned_bytes": b.get("planned_bytes"), "downloaded_bytes": b.get("downloaded_bytes"),
                           "bootstrap_s": (ms(b) - joined) / 1000 if b else None,
                           "first_leases_after_ready_s": (ms(first_share) - ms(ready)) / 1000
-                          if first_share and ready else None,
+                          if first_share and ready else None, "dispatches_before_first_leases": waited,
                           "first_accepted_after_bootstrap_s": (ms(first) - ms(b)) / 1000 if first and b else None,
                           "median_step_s": step_s}
         result.invariants["downloaded_bytes_match_plan"] = bool(b) and b["planned_bytes"] == b["downloaded_bytes"]
         result.invariants["bootstrapped_from_a_snapshot"] = bool(b) and int(b["snapshot"]) >= 5
-        # Registered after catching up, it must get work at the next dispatch (within about one step).
-        result.invariants["eligible_within_one_step"] = bool(first_share and ready) and \
-            (ms(first_share) - ms(ready)) / 1000 <= step_s + 2.0 and first is not None
+        # Registered once caught up, it gets work at the first or second dispatch after that (one step).
+        result.invariants["eligible_within_one_step"] = waited is not None and waited <= 1 and first is not None
         finish(result, cluster, summary, log, expected_steps=steps)
     return result
 
@@ -254,7 +259,7 @@ def flaky_storage(run_dir: Path, quick: bool) -> ScenarioResult:
     steps = 10 if quick else 16
     result = ScenarioResult("flaky_storage", ["5% 5xx, 5% slow, 1% stalled S3 responses",
                                               "bit-flip one regional segment on disk"])
-    with S3Server() as s3:
+    with S3Server() as s3, _environment(s3.env()):
         s3.start()
         s3.create_bucket("home")
         rates = FaultRates(error=0.05, slow=0.05, stall=0.01, slow_s=0.3, stall_s=6.0)
@@ -290,10 +295,26 @@ def flaky_storage(run_dir: Path, quick: bool) -> ScenarioResult:
                 result.invariants["corrupt_segment_refetched_not_applied"] = bool(refetched) and \
                     result.figures["activated_digest_ok"]
                 result.longest_stall_s = longest_stall(log, cluster.actor_ids, ms(log[0]), ms(log[-1]))
-                # The corrupted regional copy is a fault we injected on purpose: verify the home bucket only.
+                # The corrupted regional copy is a fault we injected on purpose: verify the home bucket only,
+                # with the faults switched off (the check is of the data, not of the retries).
+                proxy.rates = FaultRates()
                 cluster.buckets = {"us-east": home_url}
                 finish(result, cluster, summary, log, expected_steps=steps)
     return result
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def trainer_restarts(run_dir: Path, quick: bool) -> ScenarioResult:

@@ -24,6 +24,7 @@ from aurora_store.config import TransferSettings
 from aurora_store.errors import AuroraError, ObjectNotFoundError, VersionExistsError
 from aurora_store.store import DeltaStore, keys, open_bucket
 from aurora_store.store.snapshots import read_snapshot_manifest
+from aurora_store.trust import Verifier
 from workers.relay.cli import RelayConfig, parse_args
 
 log = logging.getLogger("aurora.relay")
@@ -96,7 +97,8 @@ class Relay:
         self.bytes_copied = 0  # cross-region bytes: everything read from the source bucket
         self.stopping = threading.Event()
         self._lock = threading.Lock()
-        self.verify_manifest = None  # set when a trainer public key is configured
+        # A relay cannot mint versions: it forwards only manifests signed by the trainer, bytes unchanged.
+        self.verify_manifest = Verifier.load(config.trainer_public_key) if config.trainer_public_key else None
 
     # --- copying ---------------------------------------------------------------------------------
 

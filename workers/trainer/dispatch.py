@@ -82,11 +82,13 @@ class Dispatcher:
 
     def live_actors(self) -> dict[str, ActorState]:
         actors = self.plane.actors()
-        self._tokens = {a: token for a, (_, token) in actors.items()}
+        # Remember every registration token seen: an actor whose heartbeat lapsed briefly is still itself.
+        self._tokens.update({a: token for a, (_, token) in actors.items() if token})
         return {a: state for a, (state, _) in actors.items() if state.status == "ready"}
 
-    def token_of(self, actor_id: str) -> str | None:
-        return self._tokens.get(actor_id)
+    def token_of(self, actor_id: str) -> str:
+        """The token ``actor_id`` registered with; ``""`` if it never registered."""
+        return self._tokens.get(actor_id, "")
 
     def _eligible(self, version: int):
         actors = self.live_actors()

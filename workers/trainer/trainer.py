@@ -28,12 +28,13 @@ from aurora_store.bus import ControlPlane, TrainerState, VersionEvent
 from aurora_store.codec import CodecParams, ModelLayout, WeightTarget, pieces_from_states
 from aurora_store.codec.digest import WeightsDigest, digest_state
 from aurora_store.config import TransferSettings
-from aurora_store.errors import ConfigError
+from aurora_store.errors import AuroraError, ConfigError
 from aurora_store.sched import LeasePolicy, Prompt, StepLedger
 from aurora_store.store import DeltaStore, keys, open_bucket, plan_catch_up
 from aurora_store.store.publisher import VersionPublisher, utc_now
 from aurora_store.store.replay import replay
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest, write_snapshot
+from aurora_store.trust import Signer
 from workers.rl.grpo import GRPOConfig, GRPOLearner, Sample
 from workers.rl.model import DEFAULT_CONFIG, build_model, load_model, load_tokenizer, side_files, warm_start
 from workers.rl.task import AdditionTask, MathFileTask, build_tokenizer
@@ -84,7 +85,7 @@ class Trainer:
         self.layout = ModelLayout.from_config(self.model_config)
         self.learner = GRPOLearner(self.model, GRPOConfig(lr=cfg.lr, clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef,
                                                           epochs=cfg.epochs))
-        self.sign = None
+        self.sign = Signer.load(cfg.signing_key) if cfg.signing_key else None
         self.publisher = VersionPublisher(
             self.store, self.layout, CodecParams(segment_bytes=cfg.segment_bytes), settings.streams,
             producer={"run": cfg.run, "process": "trainer", "host": socket.gethostname()}, sign=self.sign)
@@ -269,7 +270,17 @@ class Trainer:
         if not self.stopping:
             self.dispatcher.commit(self.version)  # let actors activate the final policy too
         self._announce_state("done" if not self.stopping else "stopped")
+        self.export_run_log()
         return self.summary()
+
+    def export_run_log(self) -> None:
+        """Copy the run log (Redis, ephemeral) into the bucket, where operators and notebooks find it."""
+        from aurora_store.ops.runlog import export_run_log
+
+        try:
+            export_run_log(self.plane, self.store)
+        except AuroraError as exc:
+            log.warning("could not export the run log", extra={"error": str(exc)})
 
     def _heartbeat(self) -> None:
         self._announce_state()
