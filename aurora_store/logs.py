@@ -17,10 +17,13 @@ _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"mess
 
 
 class _ContextFilter(logging.Filter):
+    """Stamps run, process name and version on every record (as ``aurora_*``: LogRecord owns ``process``)."""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        for key, value in _CONTEXT.items():
-            if not hasattr(record, key):
-                setattr(record, key, value)
+        record.aurora_run = _CONTEXT["run"]
+        record.aurora_process = _CONTEXT["process"]
+        if not hasattr(record, "version"):
+            record.version = _CONTEXT["version"]
         return True
 
 
@@ -29,11 +32,15 @@ class JsonFormatter(logging.Formatter):
         doc: dict[str, Any] = {
             "ts": round(record.created, 3),
             "level": record.levelname.lower(),
+            "run": getattr(record, "aurora_run", _CONTEXT["run"]),
+            "process": getattr(record, "aurora_process", _CONTEXT["process"]),
+            "pid": record.process,
+            "version": getattr(record, "version", _CONTEXT["version"]),
             "logger": record.name,
             "msg": record.getMessage(),
         }
         for key, value in record.__dict__.items():
-            if key not in _RESERVED and not key.startswith("_"):
+            if key not in _RESERVED and not key.startswith(("_", "aurora_")) and key not in doc:
                 doc[key] = value
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
@@ -43,10 +50,10 @@ class JsonFormatter(logging.Formatter):
 class HumanFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
-        who = "/".join(str(x) for x in (record.__dict__.get("process_name") or _CONTEXT["process"],) if x)
+        who = getattr(record, "aurora_process", None) or _CONTEXT["process"]
         version = record.__dict__.get("version")
         extra = {k: v for k, v in record.__dict__.items()
-                 if k not in _RESERVED and k not in _CONTEXT and not k.startswith("_")}
+                 if k not in _RESERVED and k not in _CONTEXT and not k.startswith(("_", "aurora_"))}
         tail = " ".join(f"{k}={v}" for k, v in extra.items())
         at = f"@v{version}" if version is not None else ""
         line = f"{stamp} {record.levelname[0]} [{who or record.name}{at}]"

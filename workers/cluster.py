@@ -33,6 +33,7 @@ class ClusterSpec:
     relay_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     signing: bool = True  # the trainer signs manifests; actors and relays verify them
+    metrics: bool = False  # give every process a Prometheus endpoint on a free port
 
 
 class LocalCluster:
@@ -60,6 +61,7 @@ class LocalCluster:
                 self.signing_key, self.public_key = write_keypair(key_dir)
         self.plane: ControlPlane | None = None
         self.actor_ids: list[str] = []
+        self.metrics_ports: dict[str, int] = {}
         self._restarts = 0
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -81,6 +83,14 @@ class LocalCluster:
     def common(self) -> list[str]:
         return ["--redis", self.redis.url, "--run", self.spec.run]
 
+    def _metrics_args(self, name: str) -> list[str]:
+        if not self.spec.metrics:
+            return []
+        from aurora_store.localservices import free_port
+
+        self.metrics_ports[name] = port = free_port()
+        return ["--metrics-port", str(port)]
+
     @property
     def trust_args(self) -> list[str]:
         return ["--trainer-public-key", str(self.public_key)] if self.public_key else []
@@ -88,7 +98,7 @@ class LocalCluster:
     def start_trainer(self, extra: list[str] | None = None) -> Managed:
         name = "trainer" if not self._restarts else f"trainer-{self._restarts}"
         self._restarts += 1
-        return self.group.start(name, "workers.trainer", [
+        return self.group.start(name, "workers.trainer", [*self._metrics_args(name),
             "--bucket", self.buckets[self.spec.home], "--region", self.spec.home, "--steps", str(self.spec.steps),
             "--batch-size", str(self.spec.batch_size), "--group-size", str(self.spec.group_size),
             "--checkpoint-dir", str(self.run_dir / "trainer"), "--snapshot-every", str(self.spec.snapshot_every),
@@ -96,7 +106,8 @@ class LocalCluster:
             *self.common, *self.spec.trainer_args, *(extra or [])])
 
     def start_relay(self, region: str, extra: list[str] | None = None, name: str | None = None) -> Managed:
-        return self.group.start(name or f"relay-{region}", "workers.relay", [
+        name = name or f"relay-{region}"
+        return self.group.start(name, "workers.relay", [*self._metrics_args(name),
             "--source", self.buckets[self.spec.home], "--dest", self.buckets[region], "--region", region,
             *self.common, *self.trust_args, *self.spec.relay_args, *(extra or [])])
 
@@ -104,7 +115,7 @@ class LocalCluster:
                     env: dict[str, str] | None = None) -> Managed:
         if actor_id not in self.actor_ids:
             self.actor_ids.append(actor_id)
-        return self.group.start(f"actor-{actor_id}", "workers.actor", [
+        return self.group.start(f"actor-{actor_id}", "workers.actor", [*self._metrics_args(f"actor-{actor_id}"),
             "--bucket", self.buckets[region], "--region", region, "--id", actor_id, "--engine", self.spec.engine,
             "--cache-dir", str(self.run_dir / "cache" / actor_id), *self.common, *self.trust_args,
             *self.spec.actor_args, *(extra or [])], env=env)

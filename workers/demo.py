@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     if run_dir.exists() and not args.keep:
         shutil.rmtree(run_dir)
     spec = ClusterSpec(run_dir=run_dir, steps=args.steps, batch_size=args.batch_size, group_size=args.group_size,
-                       home=HOME, actors={HOME: 1, REMOTE: 2}, engine=args.engine, snapshot_every=10, run="demo")
+                       home=HOME, actors={HOME: 1, REMOTE: 2}, engine=args.engine, snapshot_every=10, run="demo",
+                       metrics=True)
     started = time.monotonic()
     print(f"aurora demo: run directory {run_dir}", flush=True)
     with LocalCluster(spec) as cluster:
@@ -66,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{cluster.buckets[REMOTE]} ({REMOTE})", flush=True)
         print(f"  started trainer, relay for {REMOTE}, actors {', '.join(cluster.actor_ids)}; "
               f"logs in {run_dir / 'logs'}", flush=True)
+        print("  Prometheus metrics: " + ", ".join(f"{name} http://127.0.0.1:{port}/metrics"
+                                                  for name, port in cluster.metrics_ports.items()), flush=True)
+        print(f"  TensorBoard event files: {run_dir / 'trainer' / 'tb'}  (tensorboard --logdir {run_dir / 'trainer'})"
+              f"; signing key {cluster.public_key}", flush=True)
         display = Display(cluster.plane)
         trainer = cluster.trainer()
         reported: set[str] = set()
@@ -103,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
                    for a, (s, _) in sorted(states.items())],
         "rollouts_accepted": summary["rollouts_accepted"], "rollouts_rejected": summary["rollouts_rejected"],
         "bucket": cluster.buckets[HOME], "regional_buckets": dict(cluster.buckets),
-        "logs": str(run_dir / "logs"), "seconds": round(time.monotonic() - started, 1),
+        "logs": str(run_dir / "logs"), "tensorboard": summary.get("logdir"),
+        "metrics_ports": dict(cluster.metrics_ports), "seconds": round(time.monotonic() - started, 1),
     }
     print(json.dumps(result), flush=True)
     return 0

@@ -32,6 +32,7 @@ from aurora_store.errors import (
     ManifestError,
     VersionNotFoundError,
 )
+from aurora_store.metrics import Metrics
 from aurora_store.store import DeltaStore, open_bucket, plan_catch_up
 from aurora_store.store.replay import stage_version
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
@@ -71,6 +72,9 @@ class Actor:
         self.calibrated_at = 0.0
         self.status = "starting"
         self.cache_dir = Path(config.cache_dir or f"/tmp/aurora-actor-{self.actor_id}")
+        self.metrics = Metrics("actor", config.run, config.region)
+        if config.metrics_port:
+            self.metrics.serve(config.metrics_port)
         # The trainer's key comes from the command line / environment, never from a bucket.
         self.verify = Verifier.load(config.trainer_public_key) if config.trainer_public_key else None
 
@@ -154,6 +158,7 @@ class Actor:
 
     def _count_bytes(self, nbytes: int) -> None:
         self.downloaded_bytes += nbytes
+        self.metrics.downloaded_bytes.inc(nbytes)
 
     # --- state -----------------------------------------------------------------------------------
 
@@ -172,9 +177,17 @@ class Actor:
             source=self.sources.label if self.sources else "regional", downloaded_bytes=self.downloaded_bytes,
             host=socket.gethostname(), staging_version=self.staging)
 
+    def _update_gauges(self) -> None:
+        m, staged = self.metrics, self.staged
+        m.version_active.set(self.target.version)
+        m.version_staged.set(staged.version if staged is not None else -1)
+        m.version_lag.set(max(self.known_latest - self.target.version, 0))
+        m.tokens_per_second.set(self.tokens_per_s)
+
     def _heartbeat_loop(self) -> None:
         while not self.stopped.is_set():
             try:
+                self._update_gauges()
                 self.plane.heartbeat_actor(self.state(), self.token)
                 if self.sources is not None and self.sources.refresh():
                     with self.lock:
@@ -243,8 +256,10 @@ class Actor:
                     continue
             self.staging = want
             self.beat_now.set()
+            started = time.perf_counter()
             try:
                 staged = self._stage(want)
+                self.metrics.fetch_seconds.observe(time.perf_counter() - started)
             except VersionNotFoundError:
                 self.stopped.wait(0.3)  # announced but not in this bucket yet (relay still copying)
                 continue
@@ -284,6 +299,8 @@ class Actor:
                 self.lock.notify_all()
             self.beat_now.set()
             seconds = time.perf_counter() - started
+            self.metrics.activate_seconds.observe(seconds)
+            self._update_gauges()
             logs.set_version(self.target.version)
             if self.config.verify_full_digest and self.target.full_digest() != self.target.digest:
                 raise DigestMismatchError(f"weights after activating {staged.version} do not hash to its digest")
@@ -313,6 +330,7 @@ class Actor:
                                       seed=(int(batch[0].lease_id[:8], 16) ^ self.config.seed) & 0x7FFFFFFF)
         tokens = sum(len(c.ids) for group in groups for c in group)
         elapsed = self._emulate(time.perf_counter() - started, tokens)
+        self.metrics.tokens.inc(tokens)
         if len(batch) >= self.config.batch_size and elapsed > 0:
             # Capacity is measured on full batches only: partial batches are dominated by fixed costs and
             # would make an under-used actor look slow, starving it further.

@@ -77,7 +77,8 @@ def sigterm_actor(run_dir: Path, quick: bool) -> ScenarioResult:
     steps = 8 if quick else 14
     result = ScenarioResult("sigterm_graceful_leave", ["SIGTERM actor us-east-3 holding leases"])
     with LocalCluster(_slow_victim_spec(run_dir, steps)) as cluster:
-        cluster.start_actor("us-east-3", "us-east", ["--sim-tokens-per-s", "10", "--batch-size", "1"])
+        # Slow enough to hold queued leases when the notice comes, fast enough not to lose them to expiry.
+        cluster.start_actor("us-east-3", "us-east", ["--sim-tokens-per-s", "40", "--batch-size", "1"])
         wait_version(cluster, 2)
         mark = now_ms()
         cluster.wait_for(lambda: _dispatch_with(cluster, "us-east-3", mark), 60, "leases for the leaver")
@@ -94,6 +95,7 @@ def sigterm_actor(run_dir: Path, quick: bool) -> ScenarioResult:
                           "leave_after_s": (ms(leave[0]) - sent) / 1000 if leave else None,
                           "leases_returned_total": summary.get("leases_returned"), "expired_of_leaver": len(expired)}
         result.invariants["left_gracefully"] = victim.process.returncode == 0 and bool(leave)
+        result.invariants["returned_leases_repooled"] = (summary.get("leases_returned") or 0) > 0
         result.invariants["leases_returned_not_expired"] = not expired
         result.longest_stall_s = longest_stall(log, ["us-east-1", "us-east-2"], sent, ms(log[-1]))
         finish(result, cluster, summary, log, expected_steps=steps, expected_dead={"us-east-3"})

@@ -22,6 +22,7 @@ from aurora_store.bus import ControlPlane, RelayState, VersionEvent
 from aurora_store.codec.manifest import DeltaManifest, SegmentRef
 from aurora_store.config import TransferSettings
 from aurora_store.errors import AuroraError, ObjectNotFoundError, VersionExistsError
+from aurora_store.metrics import Metrics
 from aurora_store.store import DeltaStore, keys, open_bucket
 from aurora_store.store.snapshots import read_snapshot_manifest
 from aurora_store.trust import Verifier
@@ -33,7 +34,8 @@ log = logging.getLogger("aurora.relay")
 class SegmentCache:
     """Hot cache of recent segments: a bounded in-memory LRU, spilling to an optional disk directory."""
 
-    def __init__(self, memory_bytes: int, disk_dir: str | None = None) -> None:
+    def __init__(self, memory_bytes: int, disk_dir: str | None = None, metrics: Metrics | None = None) -> None:
+        self.metrics = metrics
         self.memory_bytes = memory_bytes
         self._items: OrderedDict[str, bytes] = OrderedDict()
         self._size = 0
@@ -49,15 +51,24 @@ class SegmentCache:
             data = self._items.get(digest)
             if data is not None:
                 self._items.move_to_end(digest)
-                self.hits += 1
+                self._count(hit=True)
                 return data
         if self.disk is not None and (self.disk / digest).is_file():
             with self._lock:
-                self.hits += 1
+                self._count(hit=True)
             return (self.disk / digest).read_bytes()
         with self._lock:
-            self.misses += 1
+            self._count(hit=False)
         return None
+
+    def _count(self, hit: bool) -> None:
+        if hit:
+            self.hits += 1
+        else:
+            self.misses += 1
+        if self.metrics is not None:
+            (self.metrics.cache_hits if hit else self.metrics.cache_misses).inc()
+            self.metrics.update_cache(self.hits, self.misses)
 
     def put(self, digest: str, data: bytes) -> None:
         with self._lock:
@@ -84,7 +95,10 @@ class Relay:
         self.source = DeltaStore(open_bucket(config.source, settings=settings), settings)
         self.dest = DeltaStore(open_bucket(config.dest, create=True, settings=settings), settings)
         self.plane = ControlPlane(config.redis, config.run, wait_s=120)
-        self.cache = SegmentCache(config.cache_bytes, config.cache_dir)
+        self.metrics = Metrics("relay", config.run, config.region)
+        if config.metrics_port:
+            self.metrics.serve(config.metrics_port)
+        self.cache = SegmentCache(config.cache_bytes, config.cache_dir, self.metrics)
         self.pool = ThreadPoolExecutor(max_workers=settings.streams, thread_name_prefix="relay-copy")
         self.inflight: dict[str, Future] = {}
         self.present: set[str] = set()
@@ -111,6 +125,7 @@ class Relay:
             with self._lock:
                 self.segments_copied += 1
                 self.bytes_copied += len(data)
+            self.metrics.cross_region_bytes.inc(len(data))
             self.cache.put(ref.digest, data)
         self.dest.put_segment(ref, data)
         with self._lock:
@@ -128,6 +143,7 @@ class Relay:
         """Make the regional bucket hold ``version`` completely, manifest last; then announce it."""
         if version in self.forwarded:
             return
+        started = time.perf_counter()
         raw = self.source.manifest_bytes(version)
         manifest = DeltaManifest.from_bytes(raw)
         if manifest.version != version:
@@ -144,6 +160,8 @@ class Relay:
             raise
         self.forwarded.add(version)
         self.version = max(self.version or 0, version)
+        self.metrics.version_published.set(self.version)
+        self.metrics.publish_seconds.observe(time.perf_counter() - started)
         self.plane.announce(VersionEvent("staged", version, self.config.region, base=manifest.base_version,
                                          manifest_key=keys.delta(version), weights_digest=manifest.weights_digest,
                                          sent_ms=self.plane.now_ms()))
@@ -165,6 +183,7 @@ class Relay:
             data = self.source.get_object(key)
             with self._lock:
                 self.bytes_copied += len(data)
+            self.metrics.cross_region_bytes.inc(len(data))
             self.dest.put_object(key, data)
         self.dest.put_layout(self.source.layout(manifest.layout_fingerprint))
         raw = self.source.get_object(keys.snapshot_manifest(version))

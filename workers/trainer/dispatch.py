@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from aurora_store.bus import ControlPlane, VersionEvent
 from aurora_store.bus.messages import ActorState, RolloutResult
+from aurora_store.metrics import Metrics
 from aurora_store.sched import (
     ActorView,
     LeasePolicy,
@@ -65,6 +66,7 @@ class NoEligibleActors(TimeoutError):
 class Dispatcher:
     def __init__(self, plane: ControlPlane, region: str, consumer: str, policy: LeasePolicy,
                  estimator: ThroughputEstimator | None = None, *, uniform: bool = False,
+                 metrics: Metrics | None = None,
                  on_verdict: Callable[[str, RolloutResult | None, object], None] | None = None) -> None:
         self.plane = plane
         self.region = region
@@ -73,6 +75,7 @@ class Dispatcher:
         self.estimator = estimator or ThroughputEstimator()
         self.stats = DispatchStats()
         self.uniform = uniform
+        self.metrics = metrics or Metrics("trainer", plane.run, region)
         self.committed = -1
         self.on_verdict = on_verdict
         self._tokens: dict[str, str] = {}
@@ -130,6 +133,9 @@ class Dispatcher:
             leases = ledger.grant(actor_id, count, now)
             if leases:
                 self.plane.grant(actor_id, leases)
+            self.metrics.leases.labels("granted").inc(len(leases))
+            self.metrics.share.labels(actor_id).set(count)
+            self.metrics.throughput_estimate.labels(actor_id).set(self.estimator.get(actor_id))
         self.plane.log_event("dispatch", step=step, version=version, shares=shares,
                              excluded=list(elig.excluded), need_commit=list(elig.need_commit),
                              lease_ms=self.policy.duration_ms(),
@@ -169,6 +175,7 @@ class Dispatcher:
         expired = ledger.expire(now)
         if expired:
             self.stats.expired += len(expired)
+            self.metrics.leases.labels("expired").inc(len(expired))
             self.plane.log_event("expire", step=ledger.step, leases=len(expired),
                                  actors=sorted({r.actor_id for r in expired}))
         if ledger.pool:
@@ -176,9 +183,13 @@ class Dispatcher:
 
     def _handle(self, ledger: StepLedger, result: RolloutResult | None, arrival: int) -> None:
         self.stats.results_received += 1
+        self.metrics.results.inc()
         if result is not None and result.kind == "return":
             if ledger.give_back(result.lease_id, result.actor_id):
                 self.stats.returned += 1
+                self.metrics.leases.labels("returned").inc()
+            else:
+                self.metrics.rollouts.labels("rejected", "stale_return").inc()
             return
         if result is not None and result.lease_id not in ledger.leases:
             self.stats.stale += 1
@@ -186,8 +197,10 @@ class Dispatcher:
         if verdict.accepted:
             self.stats.accepted += 1
             self.stats.per_actor_accepted[result.actor_id] += 1
+            self.metrics.rollouts.labels("accepted", "ok").inc()
         else:
             self.stats.rejected[verdict.reason] += 1
+            self.metrics.rollouts.labels("rejected", verdict.reason).inc()
         lease = verdict.lease.lease if verdict.lease is not None else None
         self.plane.log_event("settle", trainer=self.consumer, step=ledger.step, actor=getattr(result, "actor_id", ""),
                              version=getattr(result, "version", None), digest=getattr(result, "weights_digest", None),
@@ -211,4 +224,5 @@ class Dispatcher:
             actor_id = min(elig.eligible, key=lambda a: ((outstanding[a] + 1) / self.estimator.get(a), a))
             leases = ledger.grant(actor_id, 1, now)
             self.plane.grant(actor_id, leases)
+            self.metrics.leases.labels("granted").inc(len(leases))
             outstanding[actor_id] += 1

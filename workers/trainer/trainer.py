@@ -29,6 +29,7 @@ from aurora_store.codec import CodecParams, ModelLayout, WeightTarget, pieces_fr
 from aurora_store.codec.digest import WeightsDigest, digest_state
 from aurora_store.config import TransferSettings
 from aurora_store.errors import AuroraError, ConfigError
+from aurora_store.metrics import Metrics
 from aurora_store.sched import LeasePolicy, Prompt, StepLedger
 from aurora_store.store import DeltaStore, keys, open_bucket, plan_catch_up
 from aurora_store.store.publisher import VersionPublisher, utc_now
@@ -40,6 +41,7 @@ from workers.rl.model import DEFAULT_CONFIG, build_model, load_model, load_token
 from workers.rl.task import AdditionTask, MathFileTask, build_tokenizer
 from workers.trainer import checkpoint
 from workers.trainer.cli import TrainerConfig
+from workers.trainer.curves import CurveLogger
 from workers.trainer.dispatch import Dispatcher
 
 log = logging.getLogger("aurora.trainer")
@@ -89,9 +91,14 @@ class Trainer:
         self.publisher = VersionPublisher(
             self.store, self.layout, CodecParams(segment_bytes=cfg.segment_bytes), settings.streams,
             producer={"run": cfg.run, "process": "trainer", "host": socket.gethostname()}, sign=self.sign)
+        self.metrics = Metrics("trainer", cfg.run, cfg.region)
+        if cfg.metrics_port:
+            self.metrics.serve(cfg.metrics_port)
+        self.curves = CurveLogger(cfg.logdir or Path(cfg.checkpoint_dir) / "tb", run=cfg.run,
+                                  config=dict(cfg.__dict__), use_wandb=cfg.wandb)
         self.dispatcher = Dispatcher(self.plane, cfg.region, f"trainer-{os.getpid()}",
                                      LeasePolicy(factor=cfg.lease_factor, initial_ms=int(1000 * cfg.initial_lease_s)),
-                                     uniform=cfg.split == "uniform")
+                                     uniform=cfg.split == "uniform", metrics=self.metrics)
         self.version = 0
         self.step = 0
         self.rewards: list[float] = []
@@ -176,6 +183,14 @@ class Trainer:
         report = self.publisher.publish(version, self.version, self.digest,
                                         pieces_from_states(self.layout, self.published, new),
                                         on_segment=self._announce_segment(version))
+        m = self.metrics
+        m.version_published.set(version)
+        m.delta_bytes.set(report.total_bytes)
+        m.published_bytes.inc(report.total_bytes)
+        m.delta_density.set(report.manifest.density)
+        m.encode_seconds.observe(report.encode_s)
+        m.upload_seconds.observe(report.upload_s)
+        m.publish_seconds.observe(report.total_s)
         self.published, self.version = new, version
         self.digest = WeightsDigest.parse(report.manifest.weights_digest)
         self.plane.announce(VersionEvent("staged", version, self.config.region, base=version - 1,
@@ -197,6 +212,7 @@ class Trainer:
                                          weights_digest=str(self.digest)))
 
     def _announce_state(self, status: str = "running") -> None:
+        self.metrics.version_committed.set(self.dispatcher.committed)
         self.plane.set_trainer_state(TrainerState(self.version, str(self.digest), self.step, self.store.url,
                                                   self.config.region, self.plane.now_ms(), status,
                                                   self.dispatcher.committed))
@@ -265,12 +281,23 @@ class Trainer:
             self.records.append(record)
             self.plane.log_event("step", **{k: round(v, 6) if isinstance(v, float) else v
                                             for k, v in record.__dict__.items()})
+            self.metrics.step.set(step)
+            self.metrics.reward.set(stats.mean_reward)
+            self.curves.log(step, {
+                "reward/mean": stats.mean_reward, "loss/policy": stats.loss, "loss/kl": stats.kl,
+                "loss/clip_fraction": stats.clip_fraction, "loss/approx_kl_behaviour": stats.approx_kl_behaviour,
+                "loss/grad_norm": stats.grad_norm, "time/generation_wait_s": wait_s, "time/train_s": train_s,
+                "time/publish_s": publish_s, "time/makespan_s": record.makespan_s,
+                "delta/bytes": delta_bytes, "delta/density": density,
+                "rollouts/accepted": self.dispatcher.stats.accepted,
+                "rollouts/rejected": self.dispatcher.stats.rejected_total})
             log.info("step %d: reward %.3f, published v%d (%d bytes, density %.4f)", step, stats.mean_reward,
                      self.version, delta_bytes, density)
         if not self.stopping:
             self.dispatcher.commit(self.version)  # let actors activate the final policy too
         self._announce_state("done" if not self.stopping else "stopped")
         self.export_run_log()
+        self.curves.close()
         return self.summary()
 
     def export_run_log(self) -> None:
@@ -304,6 +331,7 @@ class Trainer:
             "leases_returned": self.dispatcher.stats.returned,
             "per_actor_accepted": dict(self.dispatcher.stats.per_actor_accepted),
             "bucket": self.store.url,
+            "logdir": str(self.curves.logdir),
             "step_times": [{"wait_s": r.wait_s, "train_s": r.train_s, "publish_s": r.publish_s,
                             "makespan_s": r.makespan_s} for r in self.records],
         }

@@ -1,0 +1,72 @@
+"""Prometheus metrics of Aurora's processes (trainer, actor, relay), one registry per process.
+
+Every process creates the same set of series (unused ones stay at zero), so dashboards and alerts can be
+written once. A process serves them over HTTP only when given a port (``--metrics-port``).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+
+_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class Metrics:
+    def __init__(self, process: str, run: str, region: str = "") -> None:
+        self.registry = r = CollectorRegistry()
+        Info("aurora_process", "Which Aurora process this is", registry=r).info(
+            {"process": process, "run": run, "region": region})
+        # versions
+        self.version_published = Gauge("aurora_version_published", "Newest version published (trainer) or "
+                                       "forwarded into the region (relay)", registry=r)
+        self.version_committed = Gauge("aurora_version_committed", "Newest version actors were told to "
+                                       "activate", registry=r)
+        self.version_active = Gauge("aurora_version_active", "Version the actor generates on", registry=r)
+        self.version_staged = Gauge("aurora_version_staged", "Version staged for activation (-1: none)", registry=r)
+        self.version_lag = Gauge("aurora_version_lag", "Newest published version minus the active one", registry=r)
+        # deltas
+        self.delta_bytes = Gauge("aurora_delta_bytes", "Bytes of the newest delta (segments + manifest)",
+                                 registry=r)
+        self.delta_density = Gauge("aurora_delta_density", "Fraction of elements changed by the newest delta",
+                                   registry=r)
+        self.published_bytes = Counter("aurora_published_bytes", "Delta bytes published", registry=r)
+        self.encode_seconds = Histogram("aurora_encode_seconds", "Delta extraction + encoding time",
+                                        buckets=_SECONDS, registry=r)
+        self.upload_seconds = Histogram("aurora_upload_seconds", "First segment handed to a stream until the last "
+                                        "one is durable", buckets=_SECONDS, registry=r)
+        self.publish_seconds = Histogram("aurora_publish_seconds", "Extraction start until the manifest is "
+                                         "durable (trainer) / forwarded (relay)", buckets=_SECONDS, registry=r)
+        self.fetch_seconds = Histogram("aurora_fetch_seconds", "Downloading, verifying and decoding one version",
+                                       buckets=_SECONDS, registry=r)
+        self.activate_seconds = Histogram("aurora_activate_seconds", "In-place scatter of a staged version",
+                                          buckets=_SECONDS, registry=r)
+        self.downloaded_bytes = Counter("aurora_downloaded_bytes", "Bytes downloaded from buckets", registry=r)
+        # relays
+        self.cross_region_bytes = Counter("aurora_cross_region_bytes", "Bytes copied from the source bucket into "
+                                          "the region", registry=r)
+        self.cache_hits = Counter("aurora_cache_hits", "Hot-cache hits", registry=r)
+        self.cache_misses = Counter("aurora_cache_misses", "Hot-cache misses", registry=r)
+        self.cache_hit_ratio = Gauge("aurora_cache_hit_ratio", "Hot-cache hits / lookups", registry=r)
+        # generation
+        self.tokens_per_second = Gauge("aurora_tokens_per_second", "Measured generation throughput", registry=r)
+        self.tokens = Counter("aurora_tokens_generated", "Tokens generated", registry=r)
+        # scheduling (trainer)
+        self.leases = Counter("aurora_leases", "Lease events", ["event"], registry=r)
+        self.results = Counter("aurora_results_received", "Results and lease returns received", registry=r)
+        self.rollouts = Counter("aurora_rollouts", "Settled rollouts by outcome and reason", ["outcome", "reason"],
+                                registry=r)
+        self.share = Gauge("aurora_scheduler_share", "Prompts allocated to an actor in the latest step", ["actor"],
+                           registry=r)
+        self.throughput_estimate = Gauge("aurora_throughput_estimate", "Scheduler's tokens/s estimate", ["actor"],
+                                         registry=r)
+        self.step = Gauge("aurora_step", "Optimizer steps done", registry=r)
+        self.reward = Gauge("aurora_reward", "Mean reward of the latest step's rollouts", registry=r)
+        for event in ("granted", "expired", "returned"):
+            self.leases.labels(event)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        start_http_server(port, addr=addr, registry=self.registry)
+
+    def update_cache(self, hits: int, misses: int) -> None:
+        lookups = hits + misses
+        self.cache_hit_ratio.set(hits / lookups if lookups else 0.0)
