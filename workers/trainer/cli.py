@@ -26,6 +26,7 @@ class TrainerConfig:
     snapshot_every: int
     checkpoint_dir: str
     model: str | None  # HF model directory; default: the built-in small Qwen3
+    model_config: str | None  # JSON overrides of the built-in config (e.g. a wider model for benchmarks)
     dataset: str | None  # GSM8K-style .jsonl/.parquet; default: the built-in addition task
     warm_start_steps: int
     max_operand: int
@@ -64,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--snapshot-every", type=int, default=10, help="write a full snapshot every K versions")
     p.add_argument("--checkpoint-dir", required=True, help="local directory for the trainer's own checkpoint")
     p.add_argument("--model", help="HF model directory (default: built-in small Qwen3 + warm start)")
+    p.add_argument("--model-config", help="JSON file (or inline JSON) overriding fields of the built-in "
+                   "Qwen3 config, e.g. '{\"hidden_size\": 512, \"num_hidden_layers\": 4}'")
     p.add_argument("--dataset", help="GSM8K-style .jsonl/.parquet (question/answer); default: addition task")
     p.add_argument("--warm-start-steps", type=int, default=120, help="supervised steps before RL (built-in task)")
     p.add_argument("--max-operand", type=int, default=9, help="addition task: operands in [0, N]")
@@ -88,7 +91,8 @@ def parse_args(argv: list[str] | None = None) -> TrainerConfig:
     return TrainerConfig(
         bucket=a.bucket, redis=a.redis, region=a.region, run=a.run, steps=a.steps, batch_size=a.batch_size,
         group_size=a.group_size, lr=a.lr, epochs=a.epochs, clip_eps=a.clip_eps, kl_coef=a.kl_coef,
-        snapshot_every=a.snapshot_every, checkpoint_dir=a.checkpoint_dir, model=a.model, dataset=a.dataset,
+        snapshot_every=a.snapshot_every, checkpoint_dir=a.checkpoint_dir, model=a.model,
+        model_config=a.model_config, dataset=a.dataset,
         warm_start_steps=a.warm_start_steps, max_operand=a.max_operand, seed=a.seed, streams=a.streams,
         segment_bytes=a.segment_bytes, lease_factor=a.lease_factor, initial_lease_s=a.initial_lease_s,
         signing_key=a.signing_key, metrics_port=a.metrics_port, logdir=a.logdir, wandb=a.wandb,

@@ -115,8 +115,14 @@ class Trainer:
             config = json.loads((Path(cfg.model) / "config.json").read_text())
             return model, tokenizer, config
         tokenizer = build_tokenizer()
-        model = build_model(DEFAULT_CONFIG, seed=cfg.seed)
-        return model, tokenizer, dict(DEFAULT_CONFIG)
+        config = dict(DEFAULT_CONFIG)
+        if cfg.model_config:
+            text = cfg.model_config
+            path = Path(text)
+            overrides = json.loads(path.read_text() if not text.lstrip().startswith("{") and path.is_file() else text)
+            config.update(overrides)
+        model = build_model(config, seed=cfg.seed)
+        return model, tokenizer, config
 
     def _cast(self) -> dict[str, torch.Tensor]:
         """The bf16 policy actors run: the cast of the fp32 master weights (training names)."""
