@@ -59,7 +59,7 @@ def fast_spec(run_dir: Path, *, steps: int = 8, batch_size: int = 16, group_size
         run_dir=run_dir, steps=steps, batch_size=batch_size, group_size=group_size,
         actors=actors or {"us-east": 3}, snapshot_every=kw.pop("snapshot_every", 5),
         env={**FAST_ENV, **(env or {})},
-        trainer_args=["--initial-lease-s", "8", "--warm-start-steps", "60", *(trainer_args or [])],
+        trainer_args=["--initial-lease-s", "8", "--warm-start-steps", "0", *(trainer_args or [])],
         actor_args=["--verify-full-digest", *(actor_args or [])], **kw)
 
 
@@ -75,7 +75,7 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def wait_version(cluster: LocalCluster, version: int, timeout: float = 180) -> None:
+def wait_version(cluster: LocalCluster, version: int, timeout: float = 300) -> None:
     cluster.wait_for(lambda: cluster.trainer_version() >= version, timeout, f"trainer version {version}")
 
 

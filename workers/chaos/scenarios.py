@@ -146,7 +146,10 @@ def actor_falls_behind(run_dir: Path, quick: bool) -> ScenarioResult:
     decays, it replays only the missed deltas and rejoins."""
     steps = 12 if quick else 18
     result = ScenarioResult("actor_falls_behind", ["SIGSTOP actor us-east-3 for ≥3 versions, then SIGCONT"])
-    with LocalCluster(fast_spec(run_dir, steps=steps, actors={"us-east": 3})) as cluster:
+    # A long heartbeat TTL: the frozen actor stays registered, as when only its bucket link is partitioned,
+    # so the scheduler sees it fall behind (and excludes it) instead of seeing it vanish.
+    spec = fast_spec(run_dir, steps=steps, actors={"us-east": 3}, env={"AURORA_HEARTBEAT_TTL": "60"})
+    with LocalCluster(spec) as cluster:
         wait_version(cluster, 2)
         victim = cluster.group["actor-us-east-3"]
         before = cluster.plane.actors()["us-east-3"][0]
