@@ -48,8 +48,10 @@ class Bucket(ABC):
         """The object's size in bytes; :class:`ObjectNotFoundError` if absent."""
 
     @abstractmethod
-    def list(self, prefix: str = "") -> list[str]:
-        """All keys starting with ``prefix``, sorted."""
+    def list(self, prefix: str = "", start_after: str = "") -> list[str]:
+        """All keys starting with ``prefix`` (and sorting after ``start_after``, if given), sorted.
+
+        ``start_after`` lets a poller read only what is new (zero-padded version names sort numerically)."""
 
     @abstractmethod
     def delete(self, key: str) -> None:

@@ -72,14 +72,14 @@ class GCSBucket(Bucket):
     def size(self, key: str) -> int:
         return int(self._wrap("stat", key, lambda: self.fs.info(self._path(key)))["size"])
 
-    def list(self, prefix: str = "") -> list[str]:
+    def list(self, prefix: str = "", start_after: str = "") -> list[str]:
         root = "/".join(p for p in (self.bucket, self.prefix) if p)
         try:
             paths = self.fs.find(root)
         except FileNotFoundError:
             return []
         keys = (p[len(root) + 1:] for p in paths)
-        return sorted(k for k in keys if k.startswith(prefix))
+        return sorted(k for k in keys if k.startswith(prefix) and k > start_after)
 
     def delete(self, key: str) -> None:
         with contextlib.suppress(ObjectNotFoundError):

@@ -88,7 +88,7 @@ class LocalBucket(Bucket):
             raise ObjectNotFoundError(f"{self.url}/{key} is not an object")
         return st.st_size
 
-    def list(self, prefix: str = "") -> list[str]:
+    def list(self, prefix: str = "", start_after: str = "") -> list[str]:
         # Walk only the directory that can contain the prefix.
         directory = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
         if not directory.is_dir():
@@ -99,7 +99,7 @@ class LocalBucket(Bucket):
                 if name.startswith(_TMP_PREFIX):
                     continue
                 key = os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/")
-                if key.startswith(prefix):
+                if key.startswith(prefix) and key > start_after:
                     keys.append(key)
         return sorted(keys)
 

@@ -44,9 +44,9 @@ class MemoryBucket(Bucket):
     def size(self, key: str) -> int:
         return len(self.get(key))
 
-    def list(self, prefix: str = "") -> list[str]:
+    def list(self, prefix: str = "", start_after: str = "") -> list[str]:
         with self._lock:
-            return sorted(k for k in self._objects if k.startswith(prefix))
+            return sorted(k for k in self._objects if k.startswith(prefix) and k > start_after)
 
     def delete(self, key: str) -> None:
         with self._lock:

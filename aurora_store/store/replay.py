@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
-from aurora_store.codec.decoder import StagedDelta, activate, check_applicable, stage
+import torch
+from safetensors.torch import load as load_safetensors
+
+from aurora_store.codec.decoder import StagedDelta, TensorUpdate, activate, check_applicable, stage
+from aurora_store.codec.digest import WeightsDigest, hash_elements
 from aurora_store.codec.manifest import DeltaManifest
+from aurora_store.codec.params import CodecParams
 from aurora_store.codec.target import WeightTarget
+from aurora_store.errors import BaseVersionMismatchError, DigestMismatchError, LayoutMismatchError
 from aurora_store.progress import Progress
+from aurora_store.store.snapshots import read_snapshot_file, read_snapshot_manifest
 from aurora_store.store.transfer import fetch_segments
 from aurora_store.store.versions import DeltaStore
 
@@ -31,6 +39,58 @@ def stage_version(store: DeltaStore, version: int, target: WeightTarget, *, stre
         segments = fetch_segments(store, manifest.segments, streams=streams, progress=bar,
                                   on_fetched=(lambda _ref, n: on_fetched(n)) if on_fetched else None)
         return stage(manifest, segments, target)
+
+
+def stage_snapshot(store: DeltaStore, version: int, target: WeightTarget, *,
+                   verify_manifest: ManifestCheck | None = None, streams: int | None = None) -> StagedDelta:
+    """Download ``version``'s full snapshot and stage it against ``target`` as an ordinary :class:`StagedDelta`.
+
+    The full-broadcast baseline: every weight file is downloaded (one file per stream, each checked against its
+    SHA-256), the snapshot's bits are diffed against the target's current bits, and the digest after applying
+    the difference must equal the snapshot's ``weights_digest`` — the same check a delta gets. The staged
+    delta's manifest is synthesised (no segments; ``producer`` says it came from a snapshot and how many bytes
+    were downloaded); :func:`activate` applies it like any other. No writes to ``target``.
+    """
+    snapshot = read_snapshot_manifest(store, version)
+    if verify_manifest is not None:
+        verify_manifest(snapshot)
+    layout = target.layout
+    if snapshot.layout_fingerprint != layout.fingerprint:
+        raise LayoutMismatchError(f"snapshot {version} has layout {snapshot.layout_fingerprint}, "
+                                  f"target has {layout.fingerprint}")
+    if target.version is None or target.version >= version:
+        raise BaseVersionMismatchError(f"snapshot {version} cannot be staged on a target at version {target.version}")
+    entries = [f for f in snapshot.files if f.name in snapshot.weight_files]
+    workers = max(1, min(streams or store.settings.streams, len(entries)))
+    state: dict[str, torch.Tensor] = {}
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="aurora-snap") as pool:
+        for data in pool.map(lambda entry: read_snapshot_file(store, snapshot, entry.name), entries):
+            state.update(load_safetensors(data))
+    new_fused: dict[str, list[torch.Tensor]] = {}
+    for tensor, _offset, bits in layout.pieces(state):  # checks names, shapes and dtypes
+        new_fused.setdefault(tensor.name, []).append(bits)
+    updates = []
+    delta = WeightsDigest()
+    for tensor in layout.tensors:
+        parts = new_fused[tensor.name]
+        new = parts[0] if len(parts) == 1 else torch.cat(parts)
+        old = target.fused_bits(tensor.name)
+        indices = torch.ne(old, new).nonzero().flatten()
+        if not indices.numel():
+            continue
+        new_bits, old_bits = new[indices].contiguous(), old[indices].contiguous()
+        delta = delta + hash_elements(tensor.name, indices, new_bits) - hash_elements(tensor.name, indices, old_bits)
+        updates.append(TensorUpdate(tensor.name, indices, new_bits))
+    if str(target.digest + delta) != snapshot.weights_digest:
+        raise DigestMismatchError(f"snapshot {version} would give weights digest {target.digest + delta}, "
+                                  f"its manifest says {snapshot.weights_digest}")
+    manifest = DeltaManifest(
+        version=version, base_version=target.version, layout_fingerprint=layout.fingerprint, codec=CodecParams(),
+        segments=(), changed={}, elements=layout.numel, base_weights_digest=str(target.digest),
+        weights_digest=snapshot.weights_digest, created_at=snapshot.created_at,
+        producer={"staged_from": "snapshot", "snapshot_bytes": sum(f.size for f in entries),
+                  "changed": sum(u.indices.numel() for u in updates)})
+    return StagedDelta(manifest, tuple(updates))
 
 
 def replay(store: DeltaStore, target: WeightTarget, versions: Iterable[int], **kwargs) -> list[DeltaManifest]:

@@ -129,13 +129,14 @@ class S3Bucket(Bucket):
         head = self._call("stat", key, self.client.head_object, Bucket=self.bucket, Key=self._key(key))
         return int(head["ContentLength"])
 
-    def list(self, prefix: str = "") -> list[str]:
+    def list(self, prefix: str = "", start_after: str = "") -> list[str]:
         base = f"{self.prefix}/" if self.prefix else ""
         full, strip = base + prefix, len(base)
         keys = []
         paginator = self.client.get_paginator("list_objects_v2")
+        extra = {"StartAfter": base + start_after} if start_after else {}
         try:
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=full, **extra):
                 keys.extend(obj["Key"][strip:] for obj in page.get("Contents", ()))
         except botocore.exceptions.ClientError as exc:
             raise self._translate(exc, "list") from None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -157,6 +157,52 @@ def write_snapshot(store: DeltaStore, version: int, state: Mapping[str, torch.Te
         entries.append(SnapshotFile(name, hashlib.sha256(data).hexdigest(), len(data)))
     manifest = SnapshotManifest(version, layout.fingerprint, str(weights_digest), tuple(entries), weight_files,
                                 created_at, dict(producer or {}))
+    if sign is not None:
+        manifest = sign(manifest)
+    store.create_object(keys.snapshot_manifest(version), manifest.to_bytes(), error=VersionExistsError,
+                        message=f"snapshot {version} already exists in {store.url} with different content")
+    return manifest
+
+
+def weight_file_names(count: int) -> list[str]:
+    """HF names for ``count`` weight files: ``model.safetensors`` alone, else ``model-0000k-of-0000n.safetensors``
+    (the names :func:`encode_snapshot_files` uses), so writers that produce files separately agree on them."""
+    if count < 1:
+        raise ManifestError("a snapshot needs at least one weight file")
+    if count == 1:
+        return ["model.safetensors"]
+    return [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+
+
+def encode_weight_file(tensors: Mapping[str, torch.Tensor]) -> bytes:
+    """One safetensors weight file, byte-identical to what :func:`encode_snapshot_files` writes for the same
+    tensors in the same order."""
+    return save_safetensors({k: v.detach().contiguous() for k, v in tensors.items()}, metadata={"format": "pt"})
+
+
+def weight_index(weight_map: Mapping[str, str], total_size: int) -> bytes:
+    """``model.safetensors.index.json`` for sharded weight files (same format as :func:`encode_snapshot_files`)."""
+    return json.dumps({"metadata": {"total_size": total_size}, "weight_map": dict(weight_map)}, indent=2).encode()
+
+
+def put_snapshot_file(store: DeltaStore, version: int, name: str, data: bytes) -> SnapshotFile:
+    """Upload one file of snapshot ``version`` and return its manifest entry. Several writers (e.g. the ranks
+    of a sharded trainer) may each upload their own files; one of them then calls
+    :func:`create_snapshot_manifest` with all entries."""
+    store.put_object(keys.snapshot_dir(version) + name, data)
+    return SnapshotFile(name, hashlib.sha256(data).hexdigest(), len(data))
+
+
+def create_snapshot_manifest(store: DeltaStore, version: int, layout: ModelLayout, weights_digest: WeightsDigest,
+                             files: Sequence[SnapshotFile], weight_files: Sequence[str], *, created_at: str = "",
+                             producer: Mapping[str, Any] | None = None, sign=None) -> SnapshotManifest:
+    """Create-only manifest of a snapshot whose files are all uploaded already (the ordering invariant)."""
+    names = [f.name for f in files]
+    if len(set(names)) != len(names) or not set(weight_files) <= set(names):
+        raise ManifestError(f"snapshot {version}: duplicate file entries or weight files without an entry")
+    manifest = SnapshotManifest(version, layout.fingerprint, str(weights_digest),
+                                tuple(sorted(files, key=lambda f: f.name)), tuple(weight_files), created_at,
+                                dict(producer or {}))
     if sign is not None:
         manifest = sign(manifest)
     store.create_object(keys.snapshot_manifest(version), manifest.to_bytes(), error=VersionExistsError,

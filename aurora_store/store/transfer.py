@@ -40,14 +40,29 @@ SegmentCallback = Callable[[SegmentRef], None]
 ManifestFactory = Callable[[EncodeSummary, tuple[SegmentRef, ...]], DeltaManifest]
 
 
-def publish_delta(store: DeltaStore, encoder: DeltaEncoder, pieces: Iterable[Piece], make_manifest: ManifestFactory,
-                  *, streams: int | None = None, on_segment: SegmentCallback | None = None,
-                  cut_through: bool = True) -> PublishReport:
-    """Encode ``pieces`` and upload segments as they are produced, then create the manifest.
+@dataclass(frozen=True)
+class UploadReport:
+    """Segments encoded and made durable, without a manifest (see :func:`upload_segments`)."""
 
-    ``on_segment`` runs (on an upload thread) after each segment is durable — e.g. to notify relays.
-    ``cut_through=False`` encodes everything first and uploads afterwards (the baseline the benchmark
-    compares against). If any upload fails, no manifest is written and the error propagates.
+    refs: tuple[SegmentRef, ...]
+    summary: EncodeSummary
+    encode_s: float  # CPU time spent encoding (excluding waits for upload slots)
+    upload_s: float  # from the first segment handed to a stream until the last one is durable
+    total_s: float  # from the start of extraction until the last segment is durable
+    first_segment_s: float  # when the first segment became durable, from the start
+
+    @property
+    def segment_bytes(self) -> int:
+        return sum(r.size for r in self.refs)
+
+
+def upload_segments(store: DeltaStore, encoder: DeltaEncoder, pieces: Iterable[Piece], *,
+                    streams: int | None = None, on_segment: SegmentCallback | None = None,
+                    cut_through: bool = True) -> UploadReport:
+    """Encode ``pieces`` and upload each segment over one of ``streams`` streams as soon as it exists.
+
+    The manifest-less half of :func:`publish_delta`: a sharded trainer runs it on every rank (each rank its
+    own streams) and one rank writes the manifest once all ranks' segments are durable.
     """
     streams = streams or store.settings.streams
     started = time.perf_counter()
@@ -84,14 +99,31 @@ def publish_delta(store: DeltaStore, encoder: DeltaEncoder, pieces: Iterable[Pie
         for future in pending:
             future.result()
     uploaded = time.perf_counter()
-    manifest = make_manifest(encoder.summary, tuple(refs))
+    return UploadReport(
+        refs=tuple(refs), summary=encoder.summary, encode_s=encoder.summary.encode_seconds,
+        upload_s=(uploaded - upload_started[0]) if upload_started else 0.0, total_s=uploaded - started,
+        first_segment_s=first_durable[0] if first_durable else uploaded - started)
+
+
+def publish_delta(store: DeltaStore, encoder: DeltaEncoder, pieces: Iterable[Piece], make_manifest: ManifestFactory,
+                  *, streams: int | None = None, on_segment: SegmentCallback | None = None,
+                  cut_through: bool = True) -> PublishReport:
+    """Encode ``pieces`` and upload segments as they are produced, then create the manifest.
+
+    ``on_segment`` runs (on an upload thread) after each segment is durable — e.g. to notify relays.
+    ``cut_through=False`` encodes everything first and uploads afterwards (the baseline the benchmark
+    compares against). If any upload fails, no manifest is written and the error propagates.
+    """
+    started = time.perf_counter()
+    upload = upload_segments(store, encoder, pieces, streams=streams, on_segment=on_segment,
+                             cut_through=cut_through)
+    manifest = make_manifest(upload.summary, upload.refs)
     store.publish_manifest(manifest)
     finished = time.perf_counter()
     return PublishReport(
-        manifest=manifest, segments=len(refs), segment_bytes=sum(r.size for r in refs),
-        manifest_bytes=len(manifest.to_bytes()), encode_s=encoder.summary.encode_seconds,
-        upload_s=(uploaded - upload_started[0]) if upload_started else 0.0, total_s=finished - started,
-        first_segment_s=first_durable[0] if first_durable else finished - started)
+        manifest=manifest, segments=len(upload.refs), segment_bytes=upload.segment_bytes,
+        manifest_bytes=len(manifest.to_bytes()), encode_s=upload.encode_s, upload_s=upload.upload_s,
+        total_s=finished - started, first_segment_s=upload.first_segment_s if upload.refs else finished - started)
 
 
 def fetch_segments(store: DeltaStore, refs: Iterable[SegmentRef], *, streams: int | None = None,

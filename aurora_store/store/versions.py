@@ -61,8 +61,8 @@ class DeltaStore:
     def put_object(self, key: str, data: bytes) -> None:
         self._call(lambda: self.bucket.put(key, data))
 
-    def list_objects(self, prefix: str) -> list[str]:
-        return self._call(lambda: self.bucket.list(prefix))
+    def list_objects(self, prefix: str, start_after: str = "") -> list[str]:
+        return self._call(lambda: self.bucket.list(prefix, start_after))
 
     def create_object(self, key: str, data: bytes, *, error: type[ObjectExistsError] = ObjectExistsError,
                       message: str | None = None) -> None:
@@ -144,9 +144,10 @@ class DeltaStore:
             while len(self._manifests) > self._cache_size:
                 self._manifests.popitem(last=False)
 
-    def versions(self) -> list[int]:
-        """Published delta versions, ascending (from the listing, which is the truth)."""
-        found = (keys.delta_version(k) for k in self._call(lambda: self.bucket.list(keys.DELTAS)))
+    def versions(self, after: int | None = None) -> list[int]:
+        """Published delta versions (``> after`` if given), ascending — from the listing, which is the truth."""
+        start = keys.delta(after) if after is not None and after >= 0 else ""
+        found = (keys.delta_version(k) for k in self.list_objects(keys.DELTAS, start))
         return sorted(v for v in found if v is not None)
 
     def snapshot_versions(self) -> list[int]:

@@ -77,6 +77,13 @@ class BucketConformance:
         assert bucket.list() == sorted(["deltas/000000000001.json", "deltas/000000000002.json",
                                         "segments/ab/abcd", "run.json"])
 
+    def test_list_start_after_reads_only_newer_keys(self, bucket: Bucket):
+        for v in (1, 2, 3, 10):
+            bucket.put(f"deltas/{v:012d}.json", b"x")
+        assert bucket.list("deltas/", start_after="deltas/000000000002.json") == [
+            "deltas/000000000003.json", "deltas/000000000010.json"]
+        assert bucket.list("deltas/", start_after="deltas/000000000010.json") == []
+
     def test_delete_is_idempotent(self, bucket: Bucket):
         bucket.put("x/y", b"1")
         bucket.delete("x/y")

@@ -34,7 +34,7 @@ from aurora_store.errors import (
 )
 from aurora_store.metrics import Metrics
 from aurora_store.store import DeltaStore, open_bucket, plan_catch_up
-from aurora_store.store.replay import stage_version
+from aurora_store.store.replay import stage_snapshot, stage_version
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
 from aurora_store.trust import Verifier
 from workers.actor.cli import ActorConfig, parse_args
@@ -218,11 +218,11 @@ class Actor:
                         self.lock.notify_all()
                 if time.monotonic() - last_poll > 2.0:  # the bucket is the truth: notifications may be lost
                     last_poll = time.monotonic()
-                    latest = self.sources.store().latest_version()
+                    newer = self.sources.store().versions(after=self.known_latest)
                     trainer = self.plane.trainer_state()
                     with self.lock:
-                        if latest is not None:
-                            self.known_latest = max(self.known_latest, latest)
+                        if newer:
+                            self.known_latest = max(self.known_latest, newer[-1])
                         if trainer is not None:
                             self.committed = max(self.committed, trainer.committed)
                         self.lock.notify_all()
@@ -235,8 +235,7 @@ class Actor:
         mis-signed manifest), re-fetch from the source bucket instead."""
         store = self.sources.store()
         try:
-            return stage_version(store, version, self.target, streams=self.settings.streams,
-                                 on_fetched=self._count_bytes, verify_manifest=self.verify)
+            return self._stage_from(store, version)
         except (IntegrityError, CorruptSegmentError, ManifestError, DigestMismatchError) as exc:
             source = self.sources.source
             if source is None or source is store:
@@ -244,8 +243,16 @@ class Actor:
             log.warning("corrupt copy of version %d in %s; re-fetching from the source bucket", version, store.url,
                         extra={"error": str(exc)})
             self.plane.log_event("refetch_source", actor=self.actor_id, version=version, error=type(exc).__name__)
-            return stage_version(source, version, self.target, streams=self.settings.streams,
-                                 on_fetched=self._count_bytes, verify_manifest=self.verify)
+            return self._stage_from(source, version)
+
+    def _stage_from(self, store: DeltaStore, version: int) -> StagedDelta:
+        if self.config.full_sync:  # the full-broadcast baseline: the whole snapshot of every version
+            staged = stage_snapshot(store, version, self.target, streams=self.settings.streams,
+                                    verify_manifest=self.verify)
+            self._count_bytes(int(staged.manifest.producer["snapshot_bytes"]))
+            return staged
+        return stage_version(store, version, self.target, streams=self.settings.streams,
+                             on_fetched=self._count_bytes, verify_manifest=self.verify)
 
     def _stager_loop(self) -> None:
         while not self.stopped.is_set():

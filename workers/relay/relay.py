@@ -103,6 +103,7 @@ class Relay:
         self.inflight: dict[str, Future] = {}
         self.present: set[str] = set()
         self.forwarded: set[int] = set()
+        self._listed = False
         self.snapshots: set[int] = set()
         self.committed = -1
         self.commit_sent = -1
@@ -209,16 +210,20 @@ class Relay:
             return
         if self.dest.run_info() != info:
             self.dest.put_run_info(info)
-        self.present |= set(self.dest.segment_digests())
-        dest_versions = set(self.dest.versions())
-        self.forwarded |= dest_versions
+        if not self._listed:  # once: what the region already holds (a restarted relay copies none of it)
+            self.present |= set(self.dest.segment_digests())
+            self.forwarded |= set(self.dest.versions())
+            self._listed = True
         self.snapshots |= set(self.dest.snapshot_versions())
         source_snapshots = self.source.snapshot_versions()
         if source_snapshots and not self.snapshots:
             self.forward_snapshot(source_snapshots[-1])
         floor = max(self.snapshots) if self.snapshots else 0
-        for version in self.source.versions():
-            if version > floor and version not in self.forwarded:
+        done = floor
+        while done + 1 in self.forwarded:  # everything up to here is in the region: list only what is newer
+            done += 1
+        for version in self.source.versions(after=done):
+            if version not in self.forwarded:
                 self.forward_version(version)
         newest_snapshot = source_snapshots[-1] if source_snapshots else None
         if newest_snapshot is not None and newest_snapshot not in self.snapshots:
