@@ -34,6 +34,7 @@ class ClusterSpec:
     env: dict[str, str] = field(default_factory=dict)
     signing: bool = True  # the trainer signs manifests; actors and relays verify them
     metrics: bool = False  # give every process a Prometheus endpoint on a free port
+    trainer_ranks: int = 1  # > 1: the trainer runs data parallel under torchrun (FSDP2, gloo on CPU)
 
 
 class LocalCluster:
@@ -98,12 +99,24 @@ class LocalCluster:
     def start_trainer(self, extra: list[str] | None = None) -> Managed:
         name = "trainer" if not self._restarts else f"trainer-{self._restarts}"
         self._restarts += 1
-        return self.group.start(name, "workers.trainer", [*self._metrics_args(name),
+        # Under torchrun the launcher is the managed process: its exit code is the ranks' and SIGTERM reaches
+        # every rank (rank 0 finishes the step and tells the others to stop).
+        module, launcher = "workers.trainer", []
+        if self.spec.trainer_ranks > 1:
+            module = "torch.distributed.run"
+            launcher = ["--standalone", "--nproc-per-node", str(self.spec.trainer_ranks), "-m", "workers.trainer"]
+        return self.group.start(name, module, [*launcher, *self._metrics_args(name),
             "--bucket", self.buckets[self.spec.home], "--region", self.spec.home, "--steps", str(self.spec.steps),
             "--batch-size", str(self.spec.batch_size), "--group-size", str(self.spec.group_size),
             "--checkpoint-dir", str(self.run_dir / "trainer"), "--snapshot-every", str(self.spec.snapshot_every),
             *(["--signing-key", str(self.signing_key)] if self.signing_key else []),
-            *self.common, *self.spec.trainer_args, *(extra or [])])
+            *(self.common if not launcher else self._torchrun_safe(self.common)), *self.spec.trainer_args,
+            *(extra or [])])
+
+    @staticmethod
+    def _torchrun_safe(args: list[str]) -> list[str]:
+        """torchrun claims ``--run`` (a prefix of its ``--run-path``); the trainer also accepts ``--run-name``."""
+        return ["--run-name" if a == "--run" else a for a in args]
 
     def start_relay(self, region: str, extra: list[str] | None = None, name: str | None = None) -> Managed:
         name = name or f"relay-{region}"

@@ -41,6 +41,8 @@ class TrainerConfig:
     wandb: bool
     step_timeout_s: float
     split: str  # "proportional" (to estimated throughput) or "uniform"
+    compute_dtype: str = "bfloat16"  # FSDP2 param_dtype under torchrun (≥ 2 ranks); one rank computes in fp32
+    verify_published_digest: bool = False  # recompute the published weights' digest from scratch every version
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,11 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "home bucket (cut-through, multi-stream), announces it on Redis, and hands out per-prompt "
                     "leases to eligible actors. Restarting resumes from --checkpoint-dir.",
         epilog="example: python -m workers.trainer --bucket ./runs/demo/us --redis redis://127.0.0.1:6379/0 "
-               "--region us --steps 40")
+               "--region us --steps 40   (data parallel over N ranks: torchrun --standalone --nproc-per-node N "
+               "-m workers.trainer …; rank 0 talks to Redis, every rank uploads its own shard's delta)")
     p.add_argument("--bucket", required=True, help="home bucket URL (the source of every version)")
     p.add_argument("--redis", required=True, help="Redis URL of the control plane")
     p.add_argument("--region", default="home", help="the trainer's region (its bucket's region)")
-    p.add_argument("--run", default=default_run_name())
+    p.add_argument("--run", "--run-name", dest="run", default=default_run_name(),
+                   help="run name; under torchrun spell it --run-name (torchrun takes --run for its --run-path)")
     p.add_argument("--steps", type=int, default=40, help="optimizer steps to run (versions to publish)")
     p.add_argument("--batch-size", type=int, default=32, help="prompts per step (B)")
     p.add_argument("--group-size", type=int, default=8, help="samples per prompt (G)")
@@ -83,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-timeout-s", type=float, default=600.0, help="give up if a step gets no progress")
     p.add_argument("--split", choices=["proportional", "uniform"], default="proportional",
                    help="how a batch is split across eligible actors (uniform: for comparison)")
+    p.add_argument("--compute-dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                   help="under torchrun (≥ 2 ranks, FSDP2): dtype parameters are gathered in for forward/backward "
+                        "(gradients are reduced in fp32, master weights stay fp32); one rank always computes in fp32")
+    p.add_argument("--verify-published-digest", action="store_true",
+                   help="after every publish, hash the published bf16 weights from scratch (each rank its own "
+                        "rows) and check the sum equals the manifest's weights_digest")
     return p
 
 
@@ -96,4 +106,5 @@ def parse_args(argv: list[str] | None = None) -> TrainerConfig:
         warm_start_steps=a.warm_start_steps, max_operand=a.max_operand, seed=a.seed, streams=a.streams,
         segment_bytes=a.segment_bytes, lease_factor=a.lease_factor, initial_lease_s=a.initial_lease_s,
         signing_key=a.signing_key, metrics_port=a.metrics_port, logdir=a.logdir, wandb=a.wandb,
-        step_timeout_s=a.step_timeout_s, split=a.split)
+        step_timeout_s=a.step_timeout_s, split=a.split, compute_dtype=a.compute_dtype,
+        verify_published_digest=a.verify_published_digest)

@@ -8,6 +8,12 @@ Pipeline (B_k = the rollouts trained on at step k):
 so generation of B_{k+1} (on π_{k-1}) overlaps training on B_k, and D_k streams to the actors while they
 generate B_{k+1}; they activate it at a batch boundary once committed. Restarts resume from the local
 checkpoint; the bucket is the truth for what was published.
+
+Under ``torchrun --nproc-per-node N`` the same loop runs data parallel with FSDP2 (see :mod:`.policy`):
+rank 0 alone talks to Redis (dispatch, collection, announcements, metrics, curves) and broadcasts each
+step's samples; every rank trains on its slice (:mod:`.learner`), checkpoints its shard (:mod:`.checkpoint`),
+uploads the delta of the rows it owns (:mod:`.publish`) and writes the snapshot files of the parameters it
+owns (:mod:`.snapshot`); rank 0 writes the manifests. One rank is the same code with trivial collectives.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,24 +32,29 @@ from typing import Any
 import torch
 
 from aurora_store.bus import ControlPlane, TrainerState, VersionEvent
-from aurora_store.codec import CodecParams, ModelLayout, WeightTarget, pieces_from_states
-from aurora_store.codec.digest import WeightsDigest, digest_state
+from aurora_store.codec import CodecParams, ModelLayout
+from aurora_store.codec.digest import ZERO, WeightsDigest
+from aurora_store.codec.sharding import LocalRows, rows_digest
 from aurora_store.config import TransferSettings
-from aurora_store.errors import AuroraError, ConfigError
+from aurora_store.errors import AuroraError, ConfigError, DigestMismatchError
 from aurora_store.metrics import Metrics
 from aurora_store.sched import LeasePolicy, Prompt, StepLedger
-from aurora_store.store import DeltaStore, keys, open_bucket, plan_catch_up
+from aurora_store.store import DeltaStore, keys, open_bucket
 from aurora_store.store.publisher import VersionPublisher, utc_now
-from aurora_store.store.replay import replay
-from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest, write_snapshot
+from aurora_store.store.snapshots import read_snapshot_manifest
 from aurora_store.trust import Signer
-from workers.rl.grpo import GRPOConfig, GRPOLearner, Sample
+from workers.rl.grpo import GRPOConfig, Sample, StepStats
 from workers.rl.model import DEFAULT_CONFIG, build_model, load_model, load_tokenizer, side_files, warm_start
 from workers.rl.task import AdditionTask, MathFileTask, build_tokenizer
 from workers.trainer import checkpoint
 from workers.trainer.cli import TrainerConfig
 from workers.trainer.curves import CurveLogger
 from workers.trainer.dispatch import Dispatcher
+from workers.trainer.learner import ShardedLearner
+from workers.trainer.policy import ShardedPolicy
+from workers.trainer.publish import PublishOutcome, RankPublisher
+from workers.trainer.ranks import Ranks
+from workers.trainer.snapshot import write_sharded_snapshot
 
 log = logging.getLogger("aurora.trainer")
 
@@ -65,6 +77,9 @@ class StepRecord:
     rejected: int
     prompts: int  # prompts of this step's batch accepted (= batch size)
     makespan_s: float  # dispatch of the batch to its last accepted result
+    ranks: int = 1  # trainer ranks (data parallel)
+    rank_publish_s: float = 0.0  # slowest rank's extraction + encode + upload of its shard
+    rank_bytes: int = 0  # metadata bytes that crossed ranks for this publish (no weights)
 
 
 @dataclass
@@ -75,35 +90,44 @@ class Trainer:
 
     def __post_init__(self) -> None:
         cfg = self.config
+        self.ranks = Ranks.from_env(timeout_s=max(3600.0, 3 * cfg.step_timeout_s))
+        leader = self.ranks.leader
         settings = TransferSettings.from_env()
         if cfg.streams:
             settings = TransferSettings(**{**settings.__dict__, "streams": cfg.streams})
         self.settings = settings
+        # Every rank uploads its own segments and snapshot files; only rank 0 talks to Redis.
         self.store = DeltaStore(open_bucket(cfg.bucket, create=True, settings=settings), settings)
-        self.plane = ControlPlane(cfg.redis, cfg.run, on_reconnect=self._on_redis_restart)
+        self.plane = ControlPlane(cfg.redis, cfg.run, on_reconnect=self._on_redis_restart) if leader else None
         self.task = MathFileTask(cfg.dataset, seed=cfg.seed) if cfg.dataset else \
             AdditionTask(max_operand=cfg.max_operand, seed=cfg.seed)
         self.model, self.tokenizer, self.model_config = self._build_model()
         self.layout = ModelLayout.from_config(self.model_config)
-        self.learner = GRPOLearner(self.model, GRPOConfig(lr=cfg.lr, clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef,
-                                                          epochs=cfg.epochs))
-        self.sign = Signer.load(cfg.signing_key) if cfg.signing_key else None
-        self.publisher = VersionPublisher(
-            self.store, self.layout, CodecParams(segment_bytes=cfg.segment_bytes), settings.streams,
-            producer={"run": cfg.run, "process": "trainer", "host": socket.gethostname()}, sign=self.sign)
+        self.grpo = GRPOConfig(lr=cfg.lr, clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef, epochs=cfg.epochs)
+        self.policy: ShardedPolicy | None = None  # sharded in start(), after the warm start
+        self.learner: ShardedLearner | None = None
+        self.sign = Signer.load(cfg.signing_key) if cfg.signing_key and leader else None
+        producer = {"run": cfg.run, "process": "trainer", "host": socket.gethostname()}
+        if self.ranks.sharded:
+            producer["ranks"] = self.ranks.world
+        self.publisher = VersionPublisher(self.store, self.layout, CodecParams(segment_bytes=cfg.segment_bytes),
+                                          settings.streams, producer=producer, sign=self.sign)
+        self.rank_publisher = RankPublisher(self.ranks, self.publisher,
+                                            announce=self._announce_segment if leader else None)
         self.metrics = Metrics("trainer", cfg.run, cfg.region)
-        if cfg.metrics_port:
+        if cfg.metrics_port and leader:
             self.metrics.serve(cfg.metrics_port)
         self.curves = CurveLogger(cfg.logdir or Path(cfg.checkpoint_dir) / "tb", run=cfg.run,
-                                  config=dict(cfg.__dict__), use_wandb=cfg.wandb)
+                                  config=dict(cfg.__dict__), use_wandb=cfg.wandb) if leader else None
         self.dispatcher = Dispatcher(self.plane, cfg.region, f"trainer-{os.getpid()}",
                                      LeasePolicy(factor=cfg.lease_factor, initial_ms=int(1000 * cfg.initial_lease_s)),
-                                     uniform=cfg.split == "uniform", metrics=self.metrics)
+                                     uniform=cfg.split == "uniform", metrics=self.metrics) if leader else None
         self.version = 0
         self.step = 0
         self.rewards: list[float] = []
-        self.published: dict[str, torch.Tensor] = {}
         self.digest = WeightsDigest()
+        self._publishing = 0  # version whose segments are being announced
+        self._last_publish: PublishOutcome | None = None
 
     # --- setup -----------------------------------------------------------------------------------
 
@@ -124,100 +148,138 @@ class Trainer:
         model = build_model(config, seed=cfg.seed)
         return model, tokenizer, config
 
-    def _cast(self) -> dict[str, torch.Tensor]:
-        """The bf16 policy actors run: the cast of the fp32 master weights (training names)."""
-        params = dict(self.model.named_parameters())
-        return {name: params[name].detach().to(torch.bfloat16).contiguous() for name in self.layout.train_names}
+    def _shard(self) -> None:
+        """Shard the (warm-started) model over the ranks and create the optimizer for the shards."""
+        self.policy = ShardedPolicy.shard(self.model, self.layout, self.ranks, compute_dtype=self.config.compute_dtype)
+        self.learner = ShardedLearner(self.model, self.grpo, self.ranks)
+
+    def _sum_digest(self, rows: dict[str, LocalRows]) -> WeightsDigest:
+        """From-scratch digest of published rows: every rank hashes its own, rank 0 adds them up, all learn it."""
+        parts = self.ranks.gather(str(rows_digest(self.layout, rows)), "digest")
+        total = sum((WeightsDigest.parse(p) for p in parts), ZERO) if parts is not None else None
+        return WeightsDigest.parse(self.ranks.broadcast(str(total) if total is not None else None, "digest"))
+
+    def _save_checkpoint(self, info: checkpoint.CheckpointInfo) -> None:
+        checkpoint.save(self.config.checkpoint_dir, self.policy, self.learner.optimizer, info, self.ranks)
 
     def start(self) -> None:
         cfg = self.config
         if checkpoint.exists(cfg.checkpoint_dir):
             self._resume()
         else:
-            if self.store.latest_version() is not None:
-                raise ConfigError(f"{self.store.url} already holds versions but {cfg.checkpoint_dir} has no "
-                                  f"checkpoint: refusing to start a second history in the same bucket")
-            if not cfg.model and isinstance(self.task, AdditionTask) and cfg.warm_start_steps:
+            occupied = self.ranks.leader and self.store.latest_version() is not None
+            self.ranks.agree(f"{self.store.url} already holds versions but {cfg.checkpoint_dir} has no "
+                             f"checkpoint: refusing to start a second history in the same bucket" if occupied else None)
+            if (self.ranks.leader and not cfg.model and isinstance(self.task, AdditionTask)
+                    and cfg.warm_start_steps):
                 loss = warm_start(self.model, self.tokenizer, self.task, cfg.warm_start_steps, seed=cfg.seed)
                 log.info("warm start done", extra={"steps": cfg.warm_start_steps, "loss": round(loss, 4)})
-            self.learner = GRPOLearner(self.model, self.learner.config)
-            self.published = self._cast()
-            self.digest = digest_state(self.layout, self.published)
-            checkpoint.save(cfg.checkpoint_dir, self.model, self.learner.optimizer,
-                            checkpoint.CheckpointInfo(0, 0, [], cfg.seed))
-            self.store.put_run_info({"run": cfg.run, "home_region": cfg.region, "source_bucket": self.store.url,
-                                     "model_config": self.model_config, "layout": self.layout.fingerprint,
-                                     "created_at": utc_now()})
+            self._shard()
+            self.policy.published = self.policy.cast_rows()
+            self.digest = self._sum_digest(self.policy.published)
+            self._save_checkpoint(checkpoint.CheckpointInfo(0, 0, [], cfg.seed, world_size=self.ranks.world))
+            if self.ranks.leader:
+                self.store.put_run_info({"run": cfg.run, "home_region": cfg.region, "source_bucket": self.store.url,
+                                         "model_config": self.model_config, "layout": self.layout.fingerprint,
+                                         "created_at": utc_now()})
             self._snapshot(0)
         self._announce_state()
 
     def _resume(self) -> None:
-        """Continue the version sequence: checkpoint for the master weights, bucket for what was published."""
+        """Continue the version sequence: each rank restores its shard of the master weights, optimizer state
+        and published rows from the checkpoint; the bucket says what was published, and the ranks' published
+        rows must hash (summed over ranks) to that version's digest."""
         cfg = self.config
-        info = checkpoint.load(cfg.checkpoint_dir, self.model, self.learner.optimizer)
-        latest = self.store.latest_version()
-        if latest is None:
-            raise ConfigError(f"checkpoint at version {info.version} but {self.store.url} is empty")
-        if info.version not in (latest, latest + 1):
-            raise ConfigError(f"checkpoint is at version {info.version} but the bucket's latest is {latest}")
-        plan = plan_catch_up(None, latest, {v: self.store.delta_bytes(v) for v in self.store.versions()},
-                             {s: read_snapshot_manifest(self.store, s).total_bytes
-                              for s in self.store.snapshot_versions()})
-        state, _ = load_snapshot(self.store, plan.snapshot, self.layout)
-        target = WeightTarget.from_state(self.layout, state, version=plan.snapshot)
-        replay(self.store, target, plan.deltas, streams=self.settings.streams)
-        self.published, self.digest, self.version = state, target.digest, latest
+        self._shard()
+        info, saved = checkpoint.load(cfg.checkpoint_dir, self.policy, self.learner.optimizer, self.ranks)
+        found = None
+        if self.ranks.leader:
+            latest = self.store.latest_version()
+            if latest is None:
+                found = {"error": f"checkpoint at version {info.version} but {self.store.url} is empty"}
+            elif info.version not in (latest, latest + 1):
+                found = {"error": f"checkpoint is at version {info.version} but the bucket's latest is {latest}"}
+            else:
+                found = {"latest": latest, "digest": str(self._digest_of(latest)), "error": None}
+        found = self.ranks.broadcast(found, "resume")
+        if found["error"]:
+            raise ConfigError(found["error"])
+        latest, digest = int(found["latest"]), WeightsDigest.parse(found["digest"])
+        if info.version == latest + 1 and info.published_version != latest:
+            raise ConfigError(f"checkpoint holds published rows of version {info.published_version}, the bucket's "
+                              f"latest is {latest}")
+        # Crashed between checkpoint and publish: the saved rows are what was published; else the master's cast.
+        published = saved if info.version == latest + 1 else self.policy.cast_rows()
+        actual = self._sum_digest(published)
+        if actual != digest:
+            what = "saved published rows" if info.version == latest + 1 else "checkpoint master weights' cast"
+            raise ConfigError(f"the {what} hash to {actual}, but version {latest} in the bucket has {digest}")
+        self.policy.published, self.digest, self.version = published, digest, latest
         self.step, self.rewards = info.step, list(info.rewards)
-        self.dispatcher.stats.restore(info.counters)
+        if self.ranks.leader:
+            self.dispatcher.stats.restore(info.counters)
         if info.version == latest + 1:  # crashed between checkpoint and publish: publish it now
             self._publish(info.version)
-        elif str(digest_state(self.layout, self._cast())) != str(self.digest):
-            raise ConfigError("checkpoint master weights do not cast to the published version's weights")
         log.info("resumed", extra={"step": self.step, "version": self.version})
-        self.plane.log_event("trainer_resume", step=self.step, version=self.version)
+        if self.ranks.leader:
+            self.plane.log_event("trainer_resume", step=self.step, version=self.version)
 
     # --- publishing ------------------------------------------------------------------------------
 
-    def _announce_segment(self, version: int):
-        def announce(ref) -> None:
-            self.plane.announce(VersionEvent("segment", version, self.config.region, segment=ref.digest,
-                                             size=ref.size))
-        return announce
+    def _announce_segment(self, ref) -> None:
+        self.plane.announce(VersionEvent("segment", self._publishing, self.config.region, segment=ref.digest,
+                                         size=ref.size))
 
     def _publish(self, version: int) -> tuple[int, float, float]:
-        new = self._cast()
-        report = self.publisher.publish(version, self.version, self.digest,
-                                        pieces_from_states(self.layout, self.published, new),
-                                        on_segment=self._announce_segment(version))
-        m = self.metrics
-        m.version_published.set(version)
-        m.delta_bytes.set(report.total_bytes)
-        m.published_bytes.inc(report.total_bytes)
-        m.delta_density.set(report.manifest.density)
-        m.encode_seconds.observe(report.encode_s)
-        m.upload_seconds.observe(report.upload_s)
-        m.publish_seconds.observe(report.total_s)
-        self.published, self.version = new, version
-        self.digest = WeightsDigest.parse(report.manifest.weights_digest)
-        self.plane.announce(VersionEvent("staged", version, self.config.region, base=version - 1,
-                                         manifest_key=keys.delta(version), weights_digest=str(self.digest),
-                                         sent_ms=self.plane.now_ms()))
+        """Every rank uploads the delta of its rows; rank 0 writes the manifest and announces the version."""
+        new = self.policy.cast_rows()
+        self._publishing = version
+        outcome = self.rank_publisher.publish(version, self.version, self.digest, self.policy.published, new)
+        self.policy.published, self.version, self.digest = new, version, outcome.digest
+        self._last_publish = outcome
+        if self.config.verify_published_digest:
+            actual = self._sum_digest(self.policy.published)
+            self.ranks.agree(None if actual == self.digest else
+                             f"version {version}: published rows hash to {actual} from scratch, the manifest says "
+                             f"{self.digest}", DigestMismatchError)
+        report = outcome.report
+        if self.ranks.leader:
+            m = self.metrics
+            m.version_published.set(version)
+            m.delta_bytes.set(report.total_bytes)
+            m.published_bytes.inc(report.total_bytes)
+            m.delta_density.set(report.manifest.density)
+            m.encode_seconds.observe(report.encode_s)
+            m.upload_seconds.observe(report.upload_s)
+            m.publish_seconds.observe(report.total_s)
+            if self.ranks.sharded:
+                self.plane.log_event("publish_ranks", version=version, metadata_bytes=outcome.metadata_bytes,
+                                     ranks=[t.to_json() for t in outcome.ranks])
+            self.plane.announce(VersionEvent("staged", version, self.config.region, base=version - 1,
+                                             manifest_key=keys.delta(version), weights_digest=str(self.digest),
+                                             sent_ms=self.plane.now_ms()))
         if self.config.snapshot_every and version % self.config.snapshot_every == 0:
             self._snapshot(version)
         self._announce_state()
+        if report is None:
+            return 0, 0.0, 0.0
         return report.total_bytes, report.manifest.density, report.total_s
 
     def _snapshot(self, version: int) -> None:
-        if version in self.store.snapshot_versions():
+        exists = self.ranks.leader and version in self.store.snapshot_versions()
+        if self.ranks.broadcast(exists, "snapshot_exists"):
             return
-        write_snapshot(self.store, version, self.published, self.layout, self.digest,
-                       extra_files=side_files(self.model_config, self.tokenizer), created_at=utc_now(),
-                       producer={"run": self.config.run}, sign=self.sign)
-        self.plane.announce(VersionEvent("snapshot", version, self.config.region,
-                                         manifest_key=keys.snapshot_manifest(version),
-                                         weights_digest=str(self.digest)))
+        write_sharded_snapshot(self.ranks, self.store, version, self.layout, self.policy.published, self.digest,
+                               extra_files=side_files(self.model_config, self.tokenizer) if self.ranks.leader else None,
+                               created_at=utc_now(), producer={"run": self.config.run}, sign=self.sign)
+        if self.ranks.leader:
+            self.plane.announce(VersionEvent("snapshot", version, self.config.region,
+                                             manifest_key=keys.snapshot_manifest(version),
+                                             weights_digest=str(self.digest)))
 
     def _announce_state(self, status: str = "running") -> None:
+        if not self.ranks.leader:
+            return
         self.metrics.version_committed.set(self.dispatcher.committed)
         self.plane.set_trainer_state(TrainerState(self.version, str(self.digest), self.step, self.store.url,
                                                   self.config.region, self.plane.now_ms(), status,
@@ -257,54 +319,69 @@ class Trainer:
 
     def run(self) -> dict[str, Any]:
         cfg = self.config
+        leader = self.ranks.leader
         self.start()
         start_step = self.step
         # Rollouts for step k+1 are generated on version k-1 while step k trains. The first batch (and the
         # first one after a restart, when actors may already run the newest version) uses the newest version.
-        pending = self._dispatch(start_step + 1, self.version)
+        pending = self._dispatch(start_step + 1, self.version) if leader and start_step < cfg.steps else None
         for step in range(start_step + 1, cfg.steps + 1):
-            if self.stopping:
+            batch, current, wait_s = None, None, 0.0
+            if leader and not self.stopping:
+                t0 = time.monotonic()
+                self.dispatcher.collect(pending, timeout_s=cfg.step_timeout_s, tick=self._heartbeat)
+                wait_s = time.monotonic() - t0
+                current = pending
+                if step < cfg.steps:
+                    pending = self._dispatch(step + 1, self.version)
+                batch = [_sample_to_json(s) for s in self._samples(current)]
+            batch = self.ranks.broadcast(batch, "samples")  # None: rank 0 is stopping
+            if batch is None:
                 break
-            t0 = time.monotonic()
-            self.dispatcher.collect(pending, timeout_s=cfg.step_timeout_s, tick=self._heartbeat)
-            wait_s = time.monotonic() - t0
-            current = pending
-            if step < cfg.steps:
-                pending = self._dispatch(step + 1, self.version)
             t1 = time.monotonic()
-            stats = self.learner.step(self._samples(current))
+            stats = self.learner.step([_sample_from_json(s) for s in batch])
             train_s = time.monotonic() - t1
             self.step = step
             self.rewards.append(stats.mean_reward)
-            checkpoint.save(cfg.checkpoint_dir, self.model, self.learner.optimizer,
-                            checkpoint.CheckpointInfo(step, self.version + 1, self.rewards, cfg.seed,
-                                                      self.dispatcher.stats.as_counters()))
+            counters = self.dispatcher.stats.as_counters() if leader else {}
+            self._save_checkpoint(checkpoint.CheckpointInfo(step, self.version + 1, self.rewards, cfg.seed, counters,
+                                                            self.ranks.world, self.version))
             delta_bytes, density, publish_s = self._publish(self.version + 1)
-            record = StepRecord(step, self.version, current.version, stats.mean_reward, stats.loss, stats.kl,
-                                stats.clip_fraction, delta_bytes, density, wait_s, train_s, publish_s,
-                                self.dispatcher.stats.accepted, self.dispatcher.stats.rejected_total,
-                                len(current.accepted), (current.makespan_ms or 0) / 1000)
-            self.records.append(record)
-            self.plane.log_event("step", **{k: round(v, 6) if isinstance(v, float) else v
-                                            for k, v in record.__dict__.items()})
-            self.metrics.step.set(step)
-            self.metrics.reward.set(stats.mean_reward)
-            self.curves.log(step, {
-                "reward/mean": stats.mean_reward, "loss/policy": stats.loss, "loss/kl": stats.kl,
-                "loss/clip_fraction": stats.clip_fraction, "loss/approx_kl_behaviour": stats.approx_kl_behaviour,
-                "loss/grad_norm": stats.grad_norm, "time/generation_wait_s": wait_s, "time/train_s": train_s,
-                "time/publish_s": publish_s, "time/makespan_s": record.makespan_s,
-                "delta/bytes": delta_bytes, "delta/density": density,
-                "rollouts/accepted": self.dispatcher.stats.accepted,
-                "rollouts/rejected": self.dispatcher.stats.rejected_total})
-            log.info("step %d: reward %.3f, published v%d (%d bytes, density %.4f)", step, stats.mean_reward,
-                     self.version, delta_bytes, density)
-        if not self.stopping:
-            self.dispatcher.commit(self.version)  # let actors activate the final policy too
-        self._announce_state("done" if not self.stopping else "stopped")
-        self.export_run_log()
-        self.curves.close()
-        return self.summary()
+            if leader:
+                self._record(step, current, stats, wait_s, train_s, (delta_bytes, density, publish_s))
+        if leader:
+            if not self.stopping:
+                self.dispatcher.commit(self.version)  # let actors activate the final policy too
+            self._announce_state("done" if not self.stopping else "stopped")
+            self.export_run_log()
+            self.curves.close()
+        return self.summary() if leader else {}
+
+    def _record(self, step: int, current: StepLedger, stats: StepStats, wait_s: float, train_s: float,
+                published: tuple[int, float, float]) -> None:
+        """Rank 0: the step's record, run-log event, metrics and curves."""
+        delta_bytes, density, publish_s = published
+        outcome = self._last_publish
+        record = StepRecord(step, self.version, current.version, stats.mean_reward, stats.loss, stats.kl,
+                            stats.clip_fraction, delta_bytes, density, wait_s, train_s, publish_s,
+                            self.dispatcher.stats.accepted, self.dispatcher.stats.rejected_total,
+                            len(current.accepted), (current.makespan_ms or 0) / 1000, self.ranks.world,
+                            max((t.total_s for t in outcome.ranks), default=0.0), outcome.metadata_bytes)
+        self.records.append(record)
+        self.plane.log_event("step", **{k: round(v, 6) if isinstance(v, float) else v
+                                        for k, v in record.__dict__.items()})
+        self.metrics.step.set(step)
+        self.metrics.reward.set(stats.mean_reward)
+        self.curves.log(step, {
+            "reward/mean": stats.mean_reward, "loss/policy": stats.loss, "loss/kl": stats.kl,
+            "loss/clip_fraction": stats.clip_fraction, "loss/approx_kl_behaviour": stats.approx_kl_behaviour,
+            "loss/grad_norm": stats.grad_norm, "time/generation_wait_s": wait_s, "time/train_s": train_s,
+            "time/publish_s": publish_s, "time/makespan_s": record.makespan_s,
+            "time/rank_publish_s": record.rank_publish_s, "delta/bytes": delta_bytes, "delta/density": density,
+            "rollouts/accepted": self.dispatcher.stats.accepted,
+            "rollouts/rejected": self.dispatcher.stats.rejected_total})
+        log.info("step %d: reward %.3f, published v%d (%d bytes, density %.4f)", step, stats.mean_reward,
+                 self.version, delta_bytes, density)
 
     def export_run_log(self) -> None:
         """Copy the run log (Redis, ephemeral) into the bucket, where operators and notebooks find it."""
@@ -339,8 +416,33 @@ class Trainer:
             "bucket": self.store.url,
             "logdir": str(self.curves.logdir),
             "step_times": [{"wait_s": r.wait_s, "train_s": r.train_s, "publish_s": r.publish_s,
-                            "makespan_s": r.makespan_s} for r in self.records],
+                            "makespan_s": r.makespan_s, "rank_publish_s": r.rank_publish_s} for r in self.records],
+            "trainer_ranks": self.ranks.world,
+            "cross_rank_bytes": dict(self.ranks.traffic),
         }
+
+
+def _sample_to_json(sample: Sample) -> list[Any]:
+    return [list(sample.prompt_ids), list(sample.completion_ids), list(sample.old_logprobs), sample.reward,
+            sample.group]
+
+
+def _sample_from_json(doc: list[Any]) -> Sample:
+    prompt_ids, completion_ids, logprobs, reward, group = doc
+    return Sample(tuple(prompt_ids), tuple(completion_ids), tuple(logprobs), float(reward), str(group))
+
+
+def _die_with_launcher() -> None:
+    """Under torchrun, exit when the launcher dies (e.g. SIGKILLed by a supervisor) instead of lingering in a
+    collective: Linux's parent-death signal. A no-op elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        log.warning("could not arrange to exit with the launcher")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -348,16 +450,23 @@ def main(argv: list[str] | None = None) -> int:
     from workers.trainer.cli import parse_args
 
     cfg = parse_args(argv)
-    logs.configure("trainer", cfg.run)
+    rank = int(os.environ.get("RANK", "0"))
+    if "LOCAL_RANK" in os.environ:
+        _die_with_launcher()
+    logs.configure("trainer" if rank == 0 else f"trainer-rank{rank}", cfg.run)
     torch.manual_seed(cfg.seed)
     trainer = Trainer(cfg)
 
     def stop(signum, _frame) -> None:
-        trainer.stopping = True
+        trainer.stopping = True  # acted on by rank 0, which tells the other ranks
 
     signal.signal(signal.SIGTERM, stop)
-    summary = trainer.run()
-    out = Path(cfg.checkpoint_dir) / "summary.json"
-    out.write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary))
+    try:
+        summary = trainer.run()
+    finally:
+        trainer.ranks.close()
+    if trainer.ranks.leader:
+        out = Path(cfg.checkpoint_dir) / "summary.json"
+        out.write_text(json.dumps(summary, indent=2))
+        print(json.dumps(summary))
     return 0

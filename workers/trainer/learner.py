@@ -1,0 +1,92 @@
+"""GRPO over data-parallel ranks, with the single-process loss.
+
+Every rank receives the whole batch (so group advantages and the token count are computed over all of
+it), computes the clipped surrogate on its own contiguous slice of samples, and scales it so that the
+gradients FSDP averages over ranks equal the gradient of the single-process loss, the token mean over the
+whole batch:
+
+    loss_r = (Σ_{tokens of slice r} ℓ) / T · W      ⇒      (1/W) Σ_r ∇loss_r = ∇ (Σ_{all tokens} ℓ) / T
+
+With one rank the scale is exactly 1 and the step is :class:`~workers.rl.grpo.GRPOLearner`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from aurora_store.codec.sharding import even_rows
+from workers.rl.grpo import GRPOConfig, Sample, StepStats, group_advantages, grpo_loss, token_logprobs
+from workers.trainer.ranks import Ranks
+
+
+class ShardedLearner:
+    """fp32 master weights (sharded or not) + AdamW; one optimizer step per epoch over a batch of rollouts."""
+
+    def __init__(self, model: nn.Module, config: GRPOConfig, ranks: Ranks) -> None:
+        self.model = model
+        self.config = config
+        self.ranks = ranks
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
+                                           betas=(0.9, 0.99))
+
+    def _slice(self, samples: Sequence[Sample]) -> tuple[slice, float]:
+        """This rank's samples and whether they count: a rank left without samples (batch smaller than the
+        world) still runs forward/backward on one sample with weight 0, because FSDP's collectives need
+        every rank."""
+        start, stop = even_rows(len(samples), self.ranks.rank, self.ranks.world)
+        if stop > start:
+            return slice(start, stop), 1.0
+        return slice(0, 1), 0.0
+
+    def step(self, samples: Sequence[Sample]) -> StepStats:
+        """One GRPO update on ``samples`` (the whole batch, identical on every rank). Statistics are the
+        whole batch's on rank 0 (gathered from the ranks' slices) and this rank's slice elsewhere."""
+        if not samples:
+            raise ValueError("a GRPO step needs at least one sample")
+        advantages = torch.tensor(group_advantages(samples), dtype=torch.float32)
+        total_tokens = max(sum(len(s.completion_ids) for s in samples), 1)
+        where, weight = self._slice(samples)
+        mine = list(samples[where])
+        adv = advantages[where]
+        old = torch.zeros((len(mine), max(len(s.completion_ids) for s in mine)))
+        for i, s in enumerate(mine):
+            old[i, : len(s.old_logprobs)] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+        self.model.train()
+        for _ in range(self.config.epochs):
+            new, mask = token_logprobs(self.model, mine)
+            local_loss, extra = grpo_loss(new, old, mask, adv, self.config.clip_eps)
+            local_tokens = float(mask.sum().clamp(min=1))
+            scale = weight * (local_tokens / total_tokens) * self.ranks.world
+            loss = local_loss if scale == 1.0 else local_loss * scale
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+            self.optimizer.step()
+        self.model.eval()
+        grad_norm = _full(grad_norm)
+        tokens = int(mask.sum()) if weight else 0
+        local = {"loss": float(local_loss.detach()) * tokens, "tokens": tokens,
+                 **{k: v * tokens for k, v in extra.items()}}
+        stats = self._combine(local)
+        return StepStats(loss=stats["loss"], mean_reward=sum(s.reward for s in samples) / len(samples),
+                         mean_advantage_abs=float(advantages.abs().mean()), clip_fraction=stats["clip_fraction"],
+                         kl=stats["kl"], approx_kl_behaviour=stats["approx_kl_behaviour"], grad_norm=grad_norm,
+                         tokens=int(stats["tokens"]), samples=len(samples))
+
+    def _combine(self, local: dict[str, float]) -> dict[str, float]:
+        """Token-weighted means over the ranks' slices (rank 0); per-slice means elsewhere."""
+        gathered = self.ranks.gather(local, "stats") or [local]
+        tokens = sum(g["tokens"] for g in gathered)
+        out = {k: sum(g[k] for g in gathered) / max(tokens, 1) for k in local if k != "tokens"}
+        out["tokens"] = tokens
+        return out
+
+
+def _full(norm: torch.Tensor) -> float:
+    """The gradient norm as a float (a DTensor's is reduced across ranks first: one scalar, not a weight)."""
+    from torch.distributed.tensor import DTensor
+
+    return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)

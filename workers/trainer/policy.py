@@ -1,0 +1,94 @@
+"""The policy as one rank holds it: its rows of the fp32 master weights and the bf16 rows it last published.
+
+Under ``torchrun`` every decoder layer and the model root are wrapped with FSDP2's ``fully_shard``, which
+shards each parameter on dim 0 (``torch.chunk``-style), so a rank owns rows ``[start, stop)`` of every
+training tensor as a plain local tensor (``DTensor.to_local()``). Everything the trainer does to the
+weights between optimizer steps — casting to bf16, diffing against what was published, hashing,
+checkpointing — works on those local rows, so no rank ever materialises a parameter it does not own. With
+one rank the model is left as it is (no process group) and the local rows are the whole tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from aurora_store.codec.layout import ModelLayout
+from aurora_store.codec.sharding import LocalRows, even_rows
+from aurora_store.errors import ConfigError, LayoutError
+from workers.trainer.ranks import Ranks
+
+COMPUTE_DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass
+class ShardedPolicy:
+    """This rank's view of the policy. ``published`` holds the bf16 rows of the last published version."""
+
+    model: nn.Module
+    layout: ModelLayout
+    ranks: Ranks
+    params: dict[str, nn.Parameter]  # training name → parameter (a DTensor sharded on dim 0 when sharded)
+    starts: dict[str, int]  # training name → first row this rank owns
+    published: dict[str, LocalRows] = field(default_factory=dict)
+
+    @classmethod
+    def shard(cls, model: nn.Module, layout: ModelLayout, ranks: Ranks, *,
+              compute_dtype: str = "bfloat16") -> ShardedPolicy:
+        """Make every rank hold rank 0's weights, then shard them (a no-op with one rank).
+
+        Rank 0's weights win so that anything done to them before sharding (the warm start) happens once.
+        ``compute_dtype`` is FSDP2's ``param_dtype``: parameters are all-gathered in it for forward/backward,
+        gradients are reduced in fp32 and the master shards stay fp32 either way.
+        """
+        if ranks.sharded:
+            import torch.distributed as dist
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            with torch.no_grad():
+                for param in model.parameters():
+                    dist.broadcast(param.data, src=0)
+            if compute_dtype not in COMPUTE_DTYPES:
+                raise ConfigError(f"unknown compute dtype {compute_dtype!r}; choose from {sorted(COMPUTE_DTYPES)}")
+            policy = MixedPrecisionPolicy(param_dtype=COMPUTE_DTYPES[compute_dtype], reduce_dtype=torch.float32)
+            for layer in getattr(getattr(model, "model", None), "layers", []):
+                fully_shard(layer, mp_policy=policy)
+            fully_shard(model, mp_policy=policy)
+        # Keep the sharded parameter objects: FSDP2 swaps unsharded views into the modules during forward.
+        named = dict(model.named_parameters())
+        missing = [n for n in layout.train_names if n not in named]
+        if missing:
+            raise LayoutError(f"model lacks training tensors of its layout: {missing[:8]}")
+        params = {n: named[n] for n in layout.train_names}
+        starts = {}
+        for name, param in params.items():
+            rows = int(param.shape[0])
+            start, stop = even_rows(rows, ranks.rank, ranks.world)
+            local = _local(param)
+            if int(local.shape[0]) != stop - start:
+                raise LayoutError(f"{name}: rank {ranks.rank} holds {local.shape[0]} rows, expected rows "
+                                  f"[{start}, {stop}) of {rows} (FSDP sharding changed?)")
+            starts[name] = start
+        return cls(model, layout, ranks, params, starts)
+
+    def master_rows(self) -> dict[str, torch.Tensor]:
+        """This rank's fp32 rows of every training tensor (views: writes go to the master weights)."""
+        return {name: _local(param) for name, param in self.params.items()}
+
+    def cast_rows(self) -> dict[str, LocalRows]:
+        """The bf16 cast of this rank's master rows: its share of the policy actors will run."""
+        return {name: LocalRows(name, self.starts[name], _local(param).to(torch.bfloat16).contiguous())
+                for name, param in self.params.items()}
+
+    def rows_of(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, LocalRows]:
+        """Wrap per-name local tensors (e.g. loaded from a checkpoint) with this rank's row offsets."""
+        return {name: LocalRows(name, self.starts[name], tensors[name]) for name in self.params}
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return (param.to_local() if isinstance(param, DTensor) else param).detach()
