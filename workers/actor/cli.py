@@ -28,6 +28,7 @@ class ActorConfig:
     seed: int
     verify_full_digest: bool  # re-hash all weights after every activation (tests)
     sim_tokens_per_s: float | None  # emulate a slower accelerator: generation takes ≥ tokens / rate seconds
+    full_sync: bool = False  # baseline: stage every version from its full snapshot instead of its delta
 
 
 def default_engine() -> str:
@@ -66,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sim-tokens-per-s", type=float, default=None,
                         help="emulate an engine of this throughput (scheduling experiments): batches take at least "
                              "tokens / rate seconds")
+    parser.add_argument("--full-sync", action="store_true",
+                        help="baseline for benchmarks: stage every version from its full snapshot instead of the delta "
+                             "(needs the trainer to run with --snapshot-every 1)")
     parser.add_argument("--verify-full-digest", action="store_true",
                         help="after every activation, re-hash all weights from scratch and compare (slow)")
     return parser
@@ -79,4 +83,5 @@ def parse_args(argv: list[str] | None = None) -> ActorConfig:
         streams=args.streams, cache_dir=args.cache_dir, metrics_port=args.metrics_port,
         trainer_public_key=args.trainer_public_key, batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens, slowdown=args.slowdown, seed=args.seed,
-        verify_full_digest=args.verify_full_digest, sim_tokens_per_s=args.sim_tokens_per_s)
+        verify_full_digest=args.verify_full_digest, sim_tokens_per_s=args.sim_tokens_per_s,
+        full_sync=args.full_sync)
