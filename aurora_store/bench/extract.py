@@ -11,6 +11,7 @@ Every rank runs one torch thread (torchrun's default), so per-rank throughput is
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -216,6 +217,25 @@ def estimate(measured: dict[str, Any], ranks: int, layout: ModelLayout) -> dict[
             "step_s": share / rate + overhead,
             "rank_elements_per_cpu_s": cpu_rate, "step_cpu_s": share / cpu_rate + overhead,
             "formula": "step_s = parameters / ranks / rank_elements_per_s + overhead_s"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
+    parser.add_argument("--ranks", default="1,2", help="world sizes to compare, e.g. 1,2")
+    parser.add_argument("--steps", type=int, default=3, help="timed publish steps per world size and round")
+    parser.add_argument("--rounds", type=int, default=2, help="alternate the world sizes this many times")
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--streams", type=int, default=4, help="upload streams per rank")
+    parser.add_argument("--segment-bytes", type=int, default=4 << 20)
+    parser.add_argument("--small", action="store_true", help="a ~20M-parameter model (quick check)")
+    parser.add_argument("--s3", action="store_true", help="upload to the local S3 server instead of a directory")
+
+
+def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    config = dict(QWEN3_BENCH_CONFIG)
+    if args.small:
+        config.update(num_hidden_layers=1, vocab_size=4096)
+    return main(config, args)
 
 
 def main(config: dict[str, Any], args) -> dict[str, Any]:

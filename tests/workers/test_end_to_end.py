@@ -40,9 +40,10 @@ class RogueActor(threading.Thread):
             if trainer is None or trainer.version < 2:
                 time.sleep(0.2)
                 continue
-            # Claim to hold the newest version, so the next dispatch includes us.
-            state = ActorState("rogue", "us-east", "torch", trainer.version, trainer.weights_digest, None,
-                               1e6, 0, "ready", int(time.time() * 1000), "regional")
+            # Claim to hold the newest version and to have staged the next one, so the next dispatch includes
+            # us whether it is on the trainer's current version or on the one it is about to publish.
+            state = ActorState("rogue", "us-east", "torch", trainer.version, trainer.weights_digest,
+                               trainer.version + 1, 1e6, 0, "ready", int(time.time() * 1000), "regional")
             if token is None:
                 token = self.plane.register_actor(state)
             else:

@@ -54,13 +54,13 @@ def calibrate_link(topo: Topology, region: str, *, mbytes: float = 8.0, seconds:
     (data and ACKs, both directions), so use enough megabytes for the precision you need: the standard error
     is ``sqrt(p / packets)``.
     """
-    spec = topo.region(region).link
-    if spec is None:
+    if topo.region(region).link is None:
         raise ValueError(f"{region!r} is the home region; calibrate a remote one")
     if direction not in ("down", "up"):
         raise ValueError(f"direction must be 'down' or 'up', got {direction!r}")
     sender, receiver = (topo.home, region) if direction == "down" else (region, topo.home)
     link = topo.link(region)
+    spec = link.spec  # the link's current shape: it may have been reshaped since the topology was built
     rtt = measure_rtt(topo, region, topo.home, samples=rtt_samples)
     if isinstance(link, ForwarderLink):
         link.reset_stats()

@@ -1,0 +1,245 @@
+"""The WAN benchmark end to end in its quick mode: ``python -m aurora_store.bench wan --quick --json``.
+
+Needs root and network namespaces (CI runs as root); skipped with the reason otherwise. The benchmark runs as a
+subprocess in its own session so that a hang can be ended: on timeout it gets SIGTERM (its topology tears itself
+down on that signal), then SIGKILL, and whatever is left is swept. Afterwards no namespace or process of the run
+may remain. About three minutes.
+
+The pieces the benchmark added elsewhere are checked here too, cheaply and without root: the full-snapshot
+staging baseline (``stage_snapshot``), the actor's ``--full-sync`` flag and servers started through a launcher.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from aurora_store.bench.wan.netns import cleanup_stale, list_netns, run_prefix
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 420
+
+
+def _unsupported_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "the WAN benchmark needs root (network namespaces, TUN devices)"
+    if shutil.which("ip") is None:
+        return "iproute2 ('ip') is not installed"
+    if not os.path.exists("/dev/net/tun"):
+        return "/dev/net/tun is missing (no TUN support)"
+    probe = f"aur-{os.getpid()}-probe"
+    added = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, check=False)
+    if added.returncode != 0:
+        return f"network namespaces unsupported here: {added.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
+    return None
+
+
+_REASON = _unsupported_reason()
+needs_netns = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+
+
+def _processes_of(out: Path, prefix: str) -> list[str]:
+    """Live processes holding a file under ``out`` (agents, relays, e2e workers log there) or forwarding for
+    one of the run's namespaces."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if "aurora_store.bench.wan.forwarder" in cmdline and f"--run-id {prefix}" in cmdline:
+                found.append(f"{entry.name}: {cmdline[:200]}")
+                continue
+            for fd in (entry / "fd").iterdir():
+                if os.readlink(fd).startswith(str(out)):
+                    found.append(f"{entry.name}: {cmdline[:200]}")
+                    break
+        except OSError:
+            continue
+    return found
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """SIGTERM the benchmark's process group (the topology tears down on it), then SIGKILL what is left."""
+    for sig, grace in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+        if proc.poll() is not None and not _group_alive(proc.pid):
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and (proc.poll() is None or _group_alive(proc.pid)):
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-wan")
+    stdout, stderr = out / "stdout.json", out / "stderr.log"
+    with open(stdout, "wb") as so, open(stderr, "wb") as se:
+        proc = subprocess.Popen([sys.executable, "-m", "aurora_store.bench", "wan", "--quick", "--json",
+                                 "--out", str(out)], cwd=REPO, stdout=so, stderr=se, start_new_session=True)
+    prefix = run_prefix(proc.pid)
+    try:
+        proc.wait(TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"quick WAN benchmark did not finish in {TIMEOUT_S}s:\n{stderr.read_text()[-4000:]}")
+    finally:
+        _end(proc)
+        leftovers = [n for n in list_netns() if n.startswith(prefix)]
+        if leftovers:  # the run's pid is gone now, so its namespaces count as stale
+            cleanup_stale()
+    assert not leftovers, f"namespaces left behind: {leftovers}"
+    stray = _processes_of(out, prefix)
+    for line in stray:  # ours by construction (they hold our files): end them, then fail
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+    assert not stray, f"processes left behind: {stray}"
+    assert proc.returncode == 0, f"benchmark exited with {proc.returncode}:\n{stderr.read_text()[-4000:]}"
+    text = stdout.read_text().strip()
+    assert text.count("\n") == 0, "the output must be exactly one JSON object on one line"
+    return json.loads(text), out
+
+
+@needs_netns
+@pytest.mark.slow
+def test_prints_one_json_object_with_the_keys(quick):
+    doc, out = quick
+    for key in ("delta_vs_full_speedup_lowest_rate", "streams4_vs_1_speedup_loss1pct",
+                "relay_cross_region_copies_per_version", "e2e_delta_vs_ideal", "e2e_full_vs_delta", "link",
+                "links", "deliver", "streams", "cut_through", "relay_vs_direct", "targets", "runtime_s"):
+        assert key in doc, key
+    assert doc["errors"] == {}, doc["errors"]
+    for key in ("rate_mbit", "rtt_ms", "loss"):
+        assert key in doc["link"]
+    assert doc["link"]["cc"] == "cubic"
+    assert abs(doc["link"]["rtt_ms"] - doc["config"]["deliver_rtt_ms"]) < 10
+    assert doc["mode"] == "quick"
+    assert (out / "deliver_vs_rate.png").stat().st_size > 0
+    assert (out / "streams.png").stat().st_size > 0
+    assert json.loads((out / "result.json").read_text())["runtime_s"] == doc["runtime_s"]
+
+
+@needs_netns
+@pytest.mark.slow
+def test_delta_beats_full_by_a_wide_margin_at_the_lowest_rate(quick):
+    doc, _ = quick
+    lowest = min(doc["deliver"]["points"], key=lambda p: p["rate_mbit"])
+    assert lowest["full_bytes"] > 50 * lowest["delta_bytes"]
+    assert doc["delta_vs_full_speedup_lowest_rate"] >= 5, doc["deliver"]["points"]
+    # full weights scale with the rate; the delta barely moves
+    highest = max(doc["deliver"]["points"], key=lambda p: p["rate_mbit"])
+    assert highest["full_s"] < lowest["full_s"]
+
+
+@needs_netns
+@pytest.mark.slow
+def test_parallel_streams_help_at_one_percent_loss(quick):
+    doc, _ = quick
+    point = next(p for p in doc["streams"]["points"] if p["loss"] == 0.01)
+    assert point["link"]["loss_observed"] > 0.003
+    assert doc["streams4_vs_1_speedup_loss1pct"] > 1.2, point["by_streams"]
+
+
+@needs_netns
+@pytest.mark.slow
+def test_relay_copies_each_version_once_per_region(quick):
+    doc, _ = quick
+    relay = doc["relay_vs_direct"]
+    assert relay["actors"] == 4
+    assert 0.95 <= doc["relay_cross_region_copies_per_version"] <= 1.3, relay["relay"]
+    assert relay["relay"]["relay_counter_copies"] == pytest.approx(1.0)
+    assert doc["direct_cross_region_copies_per_version"] >= 3.8, relay["direct"]
+
+
+@needs_netns
+@pytest.mark.slow
+def test_cut_through_is_measured(quick):
+    doc, _ = quick
+    ct = doc["cut_through"]
+    assert ct["cut_through_s"]["n"] >= 1 and ct["encode_then_upload_s"]["n"] >= 1
+    assert ct["cut_through_s"]["median"] > 0
+
+
+# --- the pieces outside the benchmark package (no root needed) -------------------------------------------
+
+TINY = {"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 96, "tie_word_embeddings": True}
+
+
+def test_stage_snapshot_is_the_full_weights_baseline(tmp_path):
+    from aurora_store.bench.synthetic import chained_states
+    from aurora_store.codec import ModelLayout, WeightTarget, activate
+    from aurora_store.codec.digest import digest_state
+    from aurora_store.errors import BaseVersionMismatchError, DigestMismatchError
+    from aurora_store.store import DeltaStore
+    from aurora_store.store.replay import stage_snapshot
+    from aurora_store.store.snapshots import write_snapshot
+
+    layout = ModelLayout.from_config(TINY)
+    s0, s1, s2 = chained_states(layout, 2, lr=1e-3)
+    store = DeltaStore(str(tmp_path / "bucket"), create=True)
+    write_snapshot(store, 2, s2, layout, digest_state(layout, s2), shard_bytes=16_000)  # several weight files
+    write_snapshot(store, 1, s1, layout, digest_state(layout, s0))  # a snapshot whose digest lies
+    target = WeightTarget.from_state(layout, {k: v.clone() for k, v in s0.items()}, version=0)
+    before = {k: v.clone() for k, v in s0.items()}
+
+    staged = stage_snapshot(store, 2, target, streams=3)
+    assert all(target.fused_bits(t.name).equal(WeightTarget.from_state(layout, before).fused_bits(t.name))
+               for t in layout.tensors), "staging must not write"
+    assert (staged.version, staged.base_version) == (2, 0)
+    assert staged.manifest.producer["snapshot_bytes"] > layout.nbytes
+    assert 0 < staged.manifest.producer["changed"] < layout.numel
+    activate(staged, target)
+    assert target.version == 2 and target.full_digest() == digest_state(layout, s2)
+
+    with pytest.raises(BaseVersionMismatchError):
+        stage_snapshot(store, 1, target)  # not newer than the target
+    fresh = WeightTarget.from_state(layout, {k: v.clone() for k, v in s0.items()}, version=0)
+    with pytest.raises(DigestMismatchError):
+        stage_snapshot(store, 1, fresh)
+
+
+def test_actor_full_sync_flag():
+    from workers.actor.cli import parse_args
+
+    common = ["--bucket", "b", "--redis", "redis://x", "--region", "r", "--engine", "torch"]
+    assert parse_args(common).full_sync is False
+    assert parse_args([*common, "--full-sync"]).full_sync is True
+
+
+def test_servers_started_through_a_launcher():
+    """``env`` as the launcher: every probe (ports, readiness, bucket creation) takes the launcher path."""
+    import redis
+
+    from aurora_store.localservices import RedisServer, S3Server
+
+    with RedisServer(launcher=["env"]).start() as server:
+        assert server.process.args[0] == "env"
+        client = redis.Redis.from_url(server.url)
+        assert client.ping()
+        client.close()
+    with S3Server(launcher=["env"]) as s3:
+        s3.start()
+        assert s3.process.args[0] == "env"
+        s3.create_bucket("launched")
+        assert [b["Name"] for b in s3.client().list_buckets()["Buckets"]] == ["launched"]
