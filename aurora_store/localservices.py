@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,6 +77,22 @@ def wait_for_port(host: str, port: int, timeout: float, process: subprocess.Pope
                 return
         time.sleep(0.05)
     raise ConfigError(f"nothing listening on {host}:{port} after {timeout:.0f}s")
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """Set ``values`` in ``os.environ`` (e.g. a server's :meth:`S3Server.env`) for the block, then restore
+    what was there before — for in-process clients that read credentials from the environment."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 _PROBE = ("import json, sys\n"

@@ -18,7 +18,7 @@ from typing import Any
 
 from aurora_store.codec.manifest import SegmentRef
 from aurora_store.config import TransferSettings
-from aurora_store.localservices import S3Server
+from aurora_store.localservices import S3Server, environment
 from aurora_store.store import DeltaStore, open_bucket
 from aurora_store.store.transfer import fetch_segments
 
@@ -72,17 +72,9 @@ def run(total_mb: int = 64, segment_mb: int = 1, streams: tuple[int, ...] = (1, 
                            "streams": list(streams), "cpus": os.cpu_count()}
     with S3Server() as s3:
         s3.start()
-        saved = {k: os.environ.get(k) for k in s3.env()}
-        os.environ.update(s3.env())
-        try:
-            s3.create_bucket("bench")
+        s3.create_bucket("bench")
+        with environment(s3.env()):
             out["s3_loopback"] = _measure(s3.bucket_url("bench", "transfer"), total, segment, list(streams), repeats)
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
     with tempfile.TemporaryDirectory(prefix="aurora-bench-") as tmp:
         out["local_dir"] = _measure(tmp, total, segment, list(streams), repeats)
     return out

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,28 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from aurora_store.bench.wan.netns import cleanup_stale, list_netns, run_prefix
+from aurora_store.bench.wan.netns import cleanup_stale, list_netns, run_prefix, unsupported_reason
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 420
 
 
-def _unsupported_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "the WAN benchmark needs root (network namespaces, TUN devices)"
-    if shutil.which("ip") is None:
-        return "iproute2 ('ip') is not installed"
-    if not os.path.exists("/dev/net/tun"):
-        return "/dev/net/tun is missing (no TUN support)"
-    probe = f"aur-{os.getpid()}-probe"
-    added = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, check=False)
-    if added.returncode != 0:
-        return f"network namespaces unsupported here: {added.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
-    return None
-
-
-_REASON = _unsupported_reason()
+_REASON = unsupported_reason()
 needs_netns = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -29,29 +28,14 @@ from aurora_store.bench.wan import (
     get_tcp_congestion,
     set_tcp_congestion,
 )
-from aurora_store.bench.wan.netns import list_netns, owner_pid
+from aurora_store.bench.wan.netns import list_netns, owner_pid, unsupported_reason
 from aurora_store.bench.wan.probes import measure_datagram_loss, measure_rtt, measure_throughput
 
 REPO = Path(__file__).resolve().parents[2]
 WAN_NET = ipaddress.ip_network("198.18.0.0/15")
 
 
-def _unsupported_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "WAN harness needs root (network namespaces, TUN devices, qdiscs)"
-    if shutil.which("ip") is None:
-        return "iproute2 ('ip') is not installed"
-    if not os.path.exists("/dev/net/tun"):
-        return "/dev/net/tun is missing (no TUN support)"
-    probe = f"aur-{os.getpid()}-probe"
-    added = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, check=False)
-    if added.returncode != 0:
-        return f"network namespaces unsupported here: {added.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
-    return None
-
-
-_REASON = _unsupported_reason()
+_REASON = unsupported_reason("the WAN harness")
 needs_netns = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
 
 SPECS = {

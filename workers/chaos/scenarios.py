@@ -3,7 +3,6 @@ and heterogeneous actors — each against real processes, a real Redis and real 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -12,7 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from aurora_store.localservices import S3Server
+from aurora_store.localservices import S3Server, environment
 from aurora_store.store import DeltaStore, keys, open_bucket
 from aurora_store.store.snapshots import read_snapshot_manifest
 from workers.chaos.faultproxy import FaultProxy, FaultRates
@@ -283,7 +282,7 @@ def flaky_storage(run_dir: Path, quick: bool) -> ScenarioResult:
     steps = 10 if quick else 16
     result = ScenarioResult("flaky_storage", ["5% 5xx, 5% slow, 1% stalled S3 responses",
                                               "bit-flip one regional segment on disk"])
-    with S3Server() as s3, _environment(s3.env()):
+    with S3Server() as s3, environment(s3.env()):
         s3.start()
         s3.create_bucket("home")
         rates = FaultRates(error=0.05, slow=0.05, stall=0.01, slow_s=0.3, stall_s=6.0)
@@ -325,20 +324,6 @@ def flaky_storage(run_dir: Path, quick: bool) -> ScenarioResult:
                 cluster.buckets = {"us-east": home_url}
                 finish(result, cluster, summary, log, expected_steps=steps)
     return result
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]):
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def trainer_restarts(run_dir: Path, quick: bool) -> ScenarioResult:

@@ -10,7 +10,9 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +38,23 @@ def owner_pid(name: str, base: str = DEFAULT_PREFIX) -> int | None:
         return None
     pid, sep, rest = name[len(base):].partition("-")
     return int(pid) if sep and rest and pid.isdigit() else None
+
+
+def unsupported_reason(purpose: str = "the WAN benchmark") -> str | None:
+    """Why network namespaces with TUN devices cannot be used here, or None when they can (probed for real:
+    a namespace is created and deleted)."""
+    if os.geteuid() != 0:
+        return f"{purpose} needs root (network namespaces, TUN devices)"
+    if shutil.which("ip") is None:
+        return "iproute2 ('ip') is not installed"
+    if not os.path.exists("/dev/net/tun"):
+        return "/dev/net/tun is missing (no TUN support)"
+    probe = f"{DEFAULT_PREFIX}{os.getpid()}-probe"
+    added = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, check=False)
+    if added.returncode != 0:
+        return f"network namespaces unsupported here: {added.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
+    return None
 
 
 def list_netns() -> list[str]:
