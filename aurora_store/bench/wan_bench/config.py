@@ -23,12 +23,14 @@ class E2EConfig:
         "num_attention_heads": 8, "num_key_value_heads": 4})
     rate_mbit: float = 10.0  # a full broadcast (25 MB) takes ~21 s here: well over the ~6 s generation window
     rtt_ms: float = 50.0
-    steps: int = 8
+    steps: int = 12  # 10 measured intervals: fewer let one slow step swing the mean by several percent
     skip_steps: int = 2  # step records whose interval to the previous one is not steady state (bootstrap)
     batch_size: int = 9  # prompts per step: three per actor (``--split uniform``, so every step looks alike)
     group_size: int = 8
     actors: int = 3
-    actor_batch_size: int = 4  # prompts an actor generates together (also sizes its capacity calibration)
+    # prompts an actor generates together (also sizes its capacity calibration): one step's share, so batch
+    # boundaries fall on step boundaries (with 4, a batch straddled two steps and step times alternated ~5/10 s)
+    actor_batch_size: int = 3
     # generation must dominate the step, as in real RL: 3 prompts × 8 samples × ≤3 tokens per actor at this
     # emulated rate ≈ 6 s; training (1 epoch, 72 samples) takes 0.5–4 s on two busy cores
     sim_tokens_per_s: float = 12.0
