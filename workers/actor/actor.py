@@ -63,6 +63,7 @@ class Actor:
         self.known_latest = -1
         self.committed = -1
         self.queue: deque[Lease] = deque()
+        self.work_cursor: str | None = None  # last entry read from our work stream (set once registered)
         self.token = ""
         self.leaving = threading.Event()
         self.stopped = threading.Event()
@@ -325,6 +326,16 @@ class Actor:
                     self.lock.notify_all()
         return cursor
 
+    def _return_pending(self) -> int:
+        """Hand back every lease granted to us and not generated: queued ones and any still unread in our
+        work stream (granted while the last batch was generating). Returns how many."""
+        if self.work_cursor is not None:
+            self.work_cursor = self._pull_work(self.work_cursor, block_ms=None)
+        pending = list(self.queue)
+        self.queue.clear()
+        self._return(pending)
+        return len(pending)
+
     def _return(self, leases: list[Lease]) -> None:
         for lease in leases:
             self.plane.send_result(RolloutResult("return", lease.lease_id, self.actor_id, self.token))
@@ -373,7 +384,7 @@ class Actor:
     def run(self) -> int:
         self.bootstrap()
         self.calibrate(warm_up=True)
-        work_cursor = self.plane.latest_id(self.plane.keys.work(self.actor_id))
+        self.work_cursor = self.plane.latest_id(self.plane.keys.work(self.actor_id))
         self.status = "ready"
         self.token = self.plane.register_actor(self.state())
         threads = [threading.Thread(target=f, name=f.__name__, daemon=True)
@@ -385,7 +396,7 @@ class Actor:
                              version=self.target.version, tokens_per_s=round(self.tokens_per_s, 1))
         try:
             while not self.leaving.is_set():
-                work_cursor = self._pull_work(work_cursor, block_ms=None if self.queue else 200)
+                self.work_cursor = self._pull_work(self.work_cursor, block_ms=None if self.queue else 200)
                 self._activate_ready()
                 active = self.target.version
                 obsolete = [lease for lease in self.queue if lease.version < active]
@@ -420,12 +431,13 @@ class Actor:
         self.stopped.set()
         self.beat_now.set()
         try:
-            pending = list(self.queue)
-            self.queue.clear()
-            self._return(pending)
+            returned = self._return_pending()
             self.plane.deregister_actor(self.actor_id, self.config.region)
-            self.plane.log_event("actor_leave", actor=self.actor_id, returned=len(pending))
-            log.info("left", extra={"returned": len(pending)})
+            # A dispatch that read our state just before we deregistered may still have granted us leases:
+            # collect them too (returns are accepted from a deregistered actor; its token is remembered).
+            returned += self._return_pending()
+            self.plane.log_event("actor_leave", actor=self.actor_id, returned=returned)
+            log.info("left", extra={"returned": returned})
         except AuroraError as exc:
             log.warning("could not deregister cleanly", extra={"error": str(exc)})
         if self.engine is not None:
