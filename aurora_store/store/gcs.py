@@ -3,12 +3,17 @@
 Create-only writes use ``ifGenerationMatch=0`` (gcsfs ``mode="create"``), which GCS evaluates atomically
 and answers with 412 when the object exists. gcsfs is an optional dependency (``pip install
 aurora-rl[gcs]``).
+
+URL options (``gs://bucket/prefix?endpoint_url=…&token=anon``) are passed to gcsfs's ``GCSFileSystem``; an
+``endpoint_url`` (an emulator, a private endpoint) and ``token=anon`` stay in :attr:`url`, so the URL reopens the
+same bucket.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from aurora_store.errors import (
     BucketNotFoundError,
@@ -21,6 +26,20 @@ from aurora_store.errors import (
 )
 from aurora_store.store.base import Bucket, Capabilities, check_key
 
+T = TypeVar("T")
+
+# gcsfs's HttpError (what is left after its own retries) carries the HTTP status; it is not an OSError.
+_AUTH_STATUSES = {401, 403}
+_TRANSIENT_STATUSES = {408, 429, 500, 502, 503, 504}
+
+
+def _http_errors() -> tuple[type[Exception], ...]:
+    try:
+        from gcsfs.retry import HttpError
+    except ImportError:  # a caller-supplied fs without gcsfs installed
+        return ()
+    return (HttpError,)
+
 
 class GCSBucket(Bucket):
     capabilities = Capabilities(atomic_create=True, remote=True)
@@ -28,14 +47,24 @@ class GCSBucket(Bucket):
     def __init__(self, bucket: str, prefix: str = "", *, check: bool = True, fs: Any = None, **options: Any) -> None:
         if fs is None:
             try:
-                import gcsfs
+                import gcsfs.core
             except ImportError:
                 raise ConfigError("gs:// buckets need gcsfs: pip install 'aurora-rl[gcs]'") from None
-            fs = gcsfs.GCSFileSystem(**options)
+            # The plain JSON-API filesystem, not ``gcsfs.GCSFileSystem``: recent gcsfs aliases that to its
+            # experimental ExtendedGcsFileSystem, which first asks the gRPC storage-control API for every
+            # bucket's layout and does not cache a failed answer (a 60 s stall per call against an emulator).
+            # No listings cache: other processes write this bucket, and a cached listing would answer
+            # size()/exists() with stale data.
+            options.setdefault("use_listings_cache", False)
+            fs = gcsfs.core.GCSFileSystem(**options)
         self.fs = fs
         self.bucket = bucket
         self.prefix = prefix.strip("/")
-        self.url = f"gs://{bucket}/{self.prefix}".rstrip("/")
+        # Keep what locates the bucket and the anonymous mode (no secret) so that open_bucket(url) reopens it.
+        kept = {"endpoint_url": options.get("endpoint_url"),
+                "token": "anon" if options.get("token") == "anon" else None}
+        query = "&".join(f"{k}={v}" for k, v in kept.items() if v)
+        self.url = f"gs://{bucket}/{self.prefix}".rstrip("/") + (f"?{query}" if query else "")
         if check:
             self._wrap("open bucket", None, lambda: self.fs.ls(bucket, detail=False))
 
@@ -43,10 +72,13 @@ class GCSBucket(Bucket):
         check_key(key)
         return "/".join(p for p in (self.bucket, self.prefix, key) if p)
 
-    def _wrap(self, action: str, key: str | None, fn):
-        where = f"gs://{self._path(key)}" if key else f"GCS bucket {self.bucket!r}"
+    def _wrap(self, action: str, key: str | None, fn: Callable[[], T]) -> T:
+        # key is None for bucket-level calls; "" is a key, and check_key (in _path) rejects it before any request.
+        where = f"gs://{self._path(key)}" if key is not None else f"GCS bucket {self.bucket!r}"
         try:
             return fn()
+        except StoreError:  # already typed (InvalidKeyError is also an OSError): keep it
+            raise
         except FileExistsError:
             raise ObjectExistsError(f"{where} already exists") from None
         except FileNotFoundError:
@@ -54,11 +86,23 @@ class GCSBucket(Bucket):
                 raise BucketNotFoundError(f"GCS bucket {self.bucket!r} does not exist") from None
             raise ObjectNotFoundError(f"{where} does not exist") from None
         except PermissionError as exc:
-            raise StoreAuthError(f"GCS rejected the credentials for bucket {self.bucket!r}: {exc}") from None
+            raise self._auth_error(exc) from None
         except (TimeoutError, ConnectionError) as exc:
             raise TransientStoreError(f"{action} {where}: {exc}") from None
         except OSError as exc:
+            if str(exc).startswith("Forbidden:"):  # gcsfs reports 403 as a bare OSError("Forbidden: …")
+                raise self._auth_error(exc) from None
             raise StoreError(f"{action} {where}: {exc}") from None
+        except _http_errors() as exc:
+            status = getattr(exc, "code", None)
+            if status in _AUTH_STATUSES:
+                raise self._auth_error(exc) from None
+            if status in _TRANSIENT_STATUSES:
+                raise TransientStoreError(f"{action} {where}: {exc}") from None
+            raise StoreError(f"{action} {where}: {exc}") from None
+
+    def _auth_error(self, exc: Exception) -> StoreAuthError:
+        return StoreAuthError(f"GCS rejected the credentials for bucket {self.bucket!r}: {exc}")
 
     def get(self, key: str) -> bytes:
         return self._wrap("read", key, lambda: self.fs.cat_file(self._path(key)))
@@ -70,14 +114,24 @@ class GCSBucket(Bucket):
         self._wrap("create", key, lambda: self.fs.pipe_file(self._path(key), data, mode="create"))
 
     def size(self, key: str) -> int:
-        return int(self._wrap("stat", key, lambda: self.fs.info(self._path(key)))["size"])
+        info = self._wrap("stat", key, lambda: self.fs.info(self._path(key)))
+        # gcsfs answers info() on a bare prefix ("deltas" when "deltas/1" exists) with a size-0 directory;
+        # in a flat namespace that is no object.
+        if info.get("type") != "file":
+            raise ObjectNotFoundError(f"gs://{self._path(key)} does not exist")
+        return int(info["size"])
 
     def list(self, prefix: str = "", start_after: str = "") -> list[str]:
         root = "/".join(p for p in (self.bucket, self.prefix) if p)
-        try:
-            paths = self.fs.find(root)
-        except FileNotFoundError:
-            return []
+
+        def find() -> list[str]:
+            try:
+                # prefix= narrows the listing on the server (a poller reads only deltas/, not every segment).
+                return self.fs.find(root, prefix=prefix)
+            except FileNotFoundError:  # nothing under the prefix yet
+                return []
+
+        paths = self._wrap("list", None, find)
         keys = (p[len(root) + 1:] for p in paths)
         return sorted(k for k in keys if k.startswith(prefix) and k > start_after)
 

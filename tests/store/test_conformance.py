@@ -90,6 +90,12 @@ class BucketConformance:
         bucket.delete("x/y")
         assert not bucket.exists("x/y")
 
+    def test_a_bare_prefix_is_no_object(self, bucket: Bucket):
+        bucket.put("deltas/000000000001.json", b"x")
+        with pytest.raises(ObjectNotFoundError):
+            bucket.size("deltas")
+        assert not bucket.exists("deltas")
+
     @pytest.mark.parametrize("key", ["", "/abs", "a/../b", "a//b", "./a"])
     def test_invalid_keys_are_rejected(self, bucket: Bucket, key: str):
         with pytest.raises(InvalidKeyError):
@@ -162,3 +168,81 @@ class TestS3Bucket(BucketConformance):
         monkeypatch.setenv("AURORA_CONNECT_TIMEOUT", "1")
         with pytest.raises(StoreError):
             open_bucket(f"s3://bucket?endpoint_url=http://127.0.0.1:{free_port()}")
+
+
+# gcp-storage-emulator ignores preconditions: no handler in gcp_storage_emulator/handlers/objects.py reads
+# ifGenerationMatch (checked in 2026.7.19), so a second create answers 200 and overwrites. The two create-only
+# conformance tests cannot pass against it and are skipped, visibly, for GCS only. What still runs: the request
+# Aurora sends carries ifGenerationMatch=0 (read back from the emulator's own request log), gcsfs's answer to a
+# 412 becomes ObjectExistsError, and test_emulator_ignores_if_generation_match pins the limitation itself: it
+# fails once the emulator honours the precondition, and then these skips should go.
+_NO_PRECONDITIONS = pytest.mark.skip(reason="gcp-storage-emulator ignores ifGenerationMatch=0: a second create "
+                                            "is answered 200 and overwrites (see test_emulator_ignores_...)")
+
+
+class TestGCSBucket(BucketConformance):
+    @pytest.fixture()
+    def bucket(self, gcs_bucket_url):
+        return open_bucket(gcs_bucket_url)
+
+    @_NO_PRECONDITIONS
+    def test_create_only(self, bucket: Bucket):
+        pass
+
+    @_NO_PRECONDITIONS
+    def test_racing_creates_have_exactly_one_winner(self, bucket: Bucket):
+        pass
+
+    def test_emulator_ignores_if_generation_match(self, bucket: Bucket):
+        bucket.create("deltas/000000000001.json", b"first")
+        bucket.create("deltas/000000000001.json", b"second")  # real GCS: 412, i.e. ObjectExistsError
+        assert bucket.get("deltas/000000000001.json") == b"second"
+
+    def test_create_sends_if_generation_match_and_put_does_not(self, gcs_server, bucket: Bucket):
+        bucket.create("deltas/000000000001.json", b"m")
+        bucket.put("segments/ab/abcd", b"s")
+        uploads = [line for line in gcs_server.log_file.read_text().splitlines()
+                   if f"POST /upload/storage/v1/b/{bucket.bucket}/o" in line]
+        assert len(uploads) == 2
+        assert "ifGenerationMatch=0" in uploads[0] and "ifGenerationMatch" not in uploads[1]
+
+    def test_a_412_is_object_exists(self, bucket: Bucket, monkeypatch):
+        from gcsfs.retry import validate_response
+
+        # The emulator never answers 412; feed gcsfs's own response check the status GCS would send.
+        def conflict(path: str, data: bytes, **kwargs: object) -> None:
+            validate_response(412, b"", path)
+
+        monkeypatch.setattr(bucket.fs, "pipe_file", conflict)
+        with pytest.raises(ObjectExistsError, match=r"deltas/000000000001\.json"):
+            bucket.create("deltas/000000000001.json", b"m")
+
+    def test_another_client_sees_new_writes(self, gcs_bucket_url):
+        writer = open_bucket(gcs_bucket_url)
+        # A second filesystem instance, as in another process (fsspec would otherwise share one).
+        reader = open_bucket(f"{gcs_bucket_url}&skip_instance_cache=1")
+        assert reader.fs is not writer.fs
+        writer.put("deltas/000000000001.json", b"1")
+        assert reader.list("deltas/") == ["deltas/000000000001.json"] and reader.size("deltas/000000000001.json") == 1
+        writer.put("deltas/000000000001.json", b"111")
+        writer.put("deltas/000000000002.json", b"2")
+        assert reader.size("deltas/000000000001.json") == 3
+        assert reader.exists("deltas/000000000002.json")
+        assert reader.list("deltas/", start_after="deltas/000000000001.json") == ["deltas/000000000002.json"]
+
+    def test_prefix_isolates_keys(self, gcs_bucket_url):
+        base, query = gcs_bucket_url.split("?")
+        a = open_bucket(f"{base}/run-a?{query}")
+        ab = open_bucket(f"{base}/run-ab?{query}")
+        a.put("deltas/000000000001.json", b"a")
+        ab.put("deltas/000000000002.json", b"b")
+        assert a.list() == ["deltas/000000000001.json"]
+        assert ab.list("deltas/") == ["deltas/000000000002.json"]
+
+    def test_url_reopens_the_same_bucket(self, bucket: Bucket):
+        bucket.put("run.json", b"{}")
+        assert open_bucket(bucket.url).get("run.json") == b"{}"
+
+    def test_missing_bucket_is_named(self, gcs_server):
+        with pytest.raises(BucketNotFoundError, match="no-such-bucket"):
+            open_bucket(gcs_server.bucket_url("no-such-bucket"))

@@ -62,6 +62,21 @@ class RogueActor(threading.Thread):
                 return
 
 
+def settled_relay(plane: ControlPlane, region: str, version: int, timeout: float = 30.0):
+    """The relay's state once it has forwarded ``version`` and its counters stopped moving: its heartbeat
+    (every second) can trail the copy that let the actors reach the final version."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        state = plane.relay(region)
+        if state is not None and state.version == version and last is not None and \
+                (state.bytes_copied, state.segments_copied) == (last.bytes_copied, last.segments_copied):
+            return state
+        last = state
+        time.sleep(1.2)
+    return last
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     spec = ClusterSpec(run_dir=tmp_path_factory.mktemp("e2e"), steps=STEPS, batch_size=BATCH, group_size=8,
@@ -78,7 +93,7 @@ def run(tmp_path_factory):
         data = {
             "cluster": cluster, "summary": summary, "rogue": rogue,
             "actors": {a: s for a, (s, _) in cluster.plane.actors().items()},
-            "relay": cluster.plane.relay("eu-west"), "log": cluster.plane.run_log(),
+            "relay": settled_relay(cluster.plane, "eu-west", final), "log": cluster.plane.run_log(),
         }
         cluster.group.stop_all()
         data["exit_codes"] = {n: p.process.returncode for n, p in cluster.group.processes.items()}
