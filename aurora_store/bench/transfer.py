@@ -84,12 +84,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     parser.add_argument("--mb", type=int, default=64, help="megabytes moved per direction and stream count")
     parser.add_argument("--segment-mb", type=int, default=1)
-    parser.add_argument("--streams", default="1,4", help="stream counts to compare, e.g. 1,4")
+    parser.add_argument("--streams", type=_stream_counts, default=(1, 4), help="stream counts to compare, e.g. 1,4")
     parser.add_argument("--repeats", type=int, default=3)
 
 
+def _stream_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"needs positive counts such as 1,4, got {text!r}")
+    return counts
+
+
 def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    streams = tuple(int(s) for s in str(args.streams).split(",") if s.strip())
-    if not streams or min(streams) < 1:
-        raise ValueError(f"--streams needs positive counts, got {args.streams!r}")
-    return run(args.mb, args.segment_mb, streams, args.repeats)
+    return run(args.mb, args.segment_mb, args.streams, args.repeats)

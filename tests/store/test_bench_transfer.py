@@ -1,0 +1,45 @@
+"""``python -m aurora_store.bench transfer``: one JSON object comparing 1 vs S streams on the local S3 server and
+a directory (tiny sizes here: the test checks the benchmark runs through the real code paths, not speed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.s3
+def test_transfer_bench_prints_one_json_object_for_both_stores():
+    proc = subprocess.run([sys.executable, "-m", "aurora_store.bench", "transfer", "--json", "--mb", "2",
+                           "--segment-mb", "1", "--streams", "1,2", "--repeats", "1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, proc.stdout
+    doc = json.loads(lines[0])
+    assert doc["bench"] == "transfer" and doc["bytes"] == 2 << 20 and doc["streams"] == [1, 2]
+    for store in ("s3_loopback", "local_dir"):
+        for streams in ("1", "2"):
+            figures = doc[store][streams]
+            assert figures["upload_s"] > 0 and figures["download_s"] > 0
+            assert figures["upload_mb_per_s"] == pytest.approx((2 << 20) / 1e6 / figures["upload_s"])
+        one, two = doc[store]["1"], doc[store]["2"]
+        assert doc[store]["download_speedup"] == pytest.approx(one["download_s"] / two["download_s"])
+
+
+def test_bad_stream_counts_are_a_clear_error():
+    proc = subprocess.run([sys.executable, "-m", "aurora_store.bench", "transfer", "--streams", "0"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2  # a usage error, before any server starts
+    assert "argument --streams: needs positive counts" in proc.stderr
+
+
+def test_unknown_benchmark_is_rejected_by_the_parser():
+    proc = subprocess.run([sys.executable, "-m", "aurora_store.bench", "nope"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
