@@ -200,7 +200,7 @@ def actor_falls_behind(run_dir: Path, quick: bool) -> ScenarioResult:
 def relay_dies(run_dir: Path, quick: bool) -> ScenarioResult:
     """The region's relay is killed: its actors fall back to the source bucket and keep producing; a
     restarted relay resumes without re-copying what the regional bucket already holds."""
-    steps = 12 if quick else 18
+    steps = 16 if quick else 20
     result = ScenarioResult("relay_dies", ["SIGKILL relay-eu-west", "restart relay-eu-west"])
     spec = fast_spec(run_dir, steps=steps, actors={"us-east": 1, "eu-west": 2},
                      actor_args=["--sim-tokens-per-s", "150"])
@@ -210,6 +210,11 @@ def relay_dies(run_dir: Path, quick: bool) -> ScenarioResult:
         killed, killed_version = now_ms(), cluster.trainer_version()
         cluster.wait_for(lambda: [e for e in events(cluster.plane.run_log(), "source_switch") if e["fallback"] == "1"],
                          60, "fallback to the source bucket")
+        # Keep the relay down until the region's actors have produced on the fallback (the point of the
+        # scenario) and the region has fallen a few versions behind (something for the restarted relay to do).
+        cluster.wait_for(lambda: [e for e in events(cluster.plane.run_log(), "settle")
+                                  if e.get("actor", "").startswith("eu-west") and e["accepted"] == "1"
+                                  and ms(e) >= killed], 90, "remote results while the relay is down")
         wait_version(cluster, killed_version + 3)
         regional = cluster.store("eu-west")
         held = set(regional.versions())
