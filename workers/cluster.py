@@ -155,8 +155,12 @@ class LocalCluster:
         names = [n for n in self.group.processes if n.startswith("trainer")]
         return self.group[names[-1]]
 
-    def wait_for(self, predicate: Callable[[], Any], timeout: float, what: str, poll: float = 0.3) -> Any:
+    def wait_for(self, predicate: Callable[[], Any], timeout: float, what: str, poll: float = 0.3, *,
+                 required: bool = True) -> Any:
+        """``predicate()``'s first truthy value. On timeout: TimeoutError, or (``required=False``) its last
+        falsy value, for callers that record the outcome instead of failing."""
         deadline = time.monotonic() + timeout
+        value = None
         while time.monotonic() < deadline:
             value = predicate()
             if value:
@@ -166,6 +170,8 @@ class LocalCluster:
                     raise RuntimeError(f"{name} died ({proc.process.returncode}) while waiting for {what}:\n"
                                        f"{proc.log_tail(40)}")
             time.sleep(poll)
+        if not required:
+            return value
         raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}\n{self.diagnostics()}")
 
     def wait_trainer_done(self, timeout: float) -> dict[str, Any]:

@@ -226,8 +226,9 @@ def relay_dies(run_dir: Path, quick: bool) -> ScenarioResult:
         summary = cluster.wait_trainer_done(300)
         # The restarted relay may still be copying the last versions when the trainer ends: give it time to
         # converge (the invariant is that it completes the region, not that it beats the trainer).
-        regional_done = _wait_quietly(lambda: regional.versions() == cluster.store().versions(), 60)
-        relay = _wait_quietly(lambda: cluster.plane.relay("eu-west"), 10)
+        regional_done = cluster.wait_for(lambda: regional.versions() == cluster.store().versions(), 60,
+                                         "the regional bucket complete again", required=False)
+        relay = cluster.wait_for(lambda: cluster.plane.relay("eu-west"), 10, "the relay's state", required=False)
         log = cluster.plane.run_log()
         source = cluster.store()
         # Everything the restarted relay may copy: versions/snapshots the region did not hold at restart.
@@ -246,16 +247,6 @@ def relay_dies(run_dir: Path, quick: bool) -> ScenarioResult:
         result.longest_stall_s = longest_stall(log, ["eu-west-1", "eu-west-2"], killed, ms(log[-1]))
         finish(result, cluster, summary, log, expected_steps=steps)
     return result
-
-
-def _wait_quietly(predicate: Callable[[], object], timeout: float, poll: float = 0.3) -> object:
-    """``predicate()``'s first truthy value within ``timeout`` seconds, else its last (falsy) value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(poll)
 
 
 def redis_restarts(run_dir: Path, quick: bool) -> ScenarioResult:
@@ -330,7 +321,7 @@ def flaky_storage(run_dir: Path, quick: bool) -> ScenarioResult:
 
                 # The thawed actor catches up version by version and may still be behind when a fast trainer
                 # ends: the invariant is about how it crosses the corrupt version, not about when.
-                _wait_quietly(remote_activated_target, 60)
+                cluster.wait_for(remote_activated_target, 60, "the corrupt version crossed", required=False)
                 log = cluster.plane.run_log()
                 refetched = [e for e in events(log, "refetch_source") if int(e["version"]) == target_version]
                 activated = [e for e in events(log, "activate") if e.get("actor") == "eu-west-1"
