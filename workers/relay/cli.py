@@ -21,6 +21,7 @@ class RelayConfig:
     cache_bytes: int
     metrics_port: int | None
     trainer_public_key: str | None
+    stall_s: float = 120.0  # no progress for this long: stop heartbeating so the region's actors fall back
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     parser.add_argument("--trainer-public-key", default=os.environ.get("AURORA_TRAINER_PUBLIC_KEY"),
                         help="trainer's Ed25519 public key; unsigned or mis-signed manifests are not forwarded")
+    parser.add_argument("--stall-s", type=float, default=120.0,
+                        help="stop heartbeating when no copy or loop iteration has completed for this many "
+                             "seconds, so the region's actors read the source bucket instead (default 120)")
     return parser
 
 
@@ -49,4 +53,5 @@ def parse_args(argv: list[str] | None = None) -> RelayConfig:
     args = build_parser().parse_args(argv)
     return RelayConfig(source=args.source, dest=args.dest, redis=args.redis, region=args.region, run=args.run,
                        streams=args.streams, cache_dir=args.cache_dir, cache_bytes=args.cache_bytes,
-                       metrics_port=args.metrics_port, trainer_public_key=args.trainer_public_key)
+                       metrics_port=args.metrics_port, trainer_public_key=args.trainer_public_key,
+                       stall_s=args.stall_s)

@@ -112,6 +112,7 @@ class Relay:
         self.bytes_copied = 0  # cross-region bytes: everything read from the source bucket
         self.stopping = threading.Event()
         self._lock = threading.Lock()
+        self.progress_at = time.monotonic()  # last completed copy or loop iteration (the watchdog's input)
         # A relay cannot mint versions: it forwards only manifests signed by the trainer, bytes unchanged.
         self.verify_manifest = Verifier.load(config.trainer_public_key) if config.trainer_public_key else None
 
@@ -131,6 +132,7 @@ class Relay:
         self.dest.put_segment(ref, data)
         with self._lock:
             self.present.add(ref.digest)
+        self.progress_at = time.monotonic()
 
     def copy_segment(self, ref: SegmentRef) -> Future:
         with self._lock:
@@ -186,6 +188,7 @@ class Relay:
                 self.bytes_copied += len(data)
             self.metrics.cross_region_bytes.inc(len(data))
             self.dest.put_object(key, data)
+            self.progress_at = time.monotonic()
         self.dest.put_layout(self.source.layout(manifest.layout_fingerprint))
         raw = self.source.get_object(keys.snapshot_manifest(version))
         self.dest.create_object(keys.snapshot_manifest(version), raw, error=VersionExistsError)
@@ -238,15 +241,36 @@ class Relay:
                                               self.bytes_copied, self.cache.hits, self.cache.misses,
                                               int(time.time() * 1000)))
 
+    def stalled(self) -> bool:
+        return time.monotonic() - self.progress_at > self.config.stall_s
+
+    def _heartbeat_loop(self) -> None:
+        """Beat from a thread of its own: forwarding a large snapshot (or riding out a stalled request)
+        takes longer than the heartbeat TTL, and a relay that is busy must not look gone — its actors would
+        fall back to the source bucket and every one of them would pay the cross-region copy. A relay whose
+        work has made no progress for ``stall_s`` stops beating, so a wedged relay does let them fall back."""
+        while not self.stopping.is_set():
+            if self.stalled():
+                log.error("no progress for %.0fs: not heartbeating (actors will read the source bucket)",
+                          time.monotonic() - self.progress_at)
+            else:
+                try:
+                    self.heartbeat()
+                except AuroraError as exc:
+                    log.warning("heartbeat failed", extra={"error": str(exc)})
+            self.stopping.wait(1.0)
+
     def run(self) -> int:
         home = (self.source.run_info() or {}).get("home_region")
         while home is None and not self.stopping.is_set():
             time.sleep(0.5)
             home = (self.source.run_info() or {}).get("home_region")
         cursor = self.plane.latest_event_id(home) if home else "0"
-        self.sync()
-        self.heartbeat()
-        last_sync = last_beat = time.monotonic()
+        self.progress_at = time.monotonic()
+        beating = threading.Thread(target=self._heartbeat_loop, name="relay-heartbeat", daemon=True)
+        beating.start()
+        self.sync()  # a restarted relay's backlog: its actors wait for it rather than all crossing regions
+        last_sync = time.monotonic()
         log.info("relay ready", extra={"region": self.config.region, "home": home})
         while not self.stopping.is_set():
             try:
@@ -254,12 +278,10 @@ class Relay:
                     cursor = entry_id
                     self._handle(event)
                 now = time.monotonic()
-                if now - last_beat >= 1.0:
-                    self.heartbeat()
-                    last_beat = now
                 if now - last_sync >= 2.0:  # recover whatever notifications were lost
                     self.sync()
                     last_sync = now
+                self.progress_at = time.monotonic()
             except ObjectNotFoundError as exc:
                 log.warning("source object missing (yet)", extra={"error": str(exc)})
                 time.sleep(0.2)
@@ -267,6 +289,7 @@ class Relay:
                 log.error("relay step failed; will resync", extra={"error": str(exc), "kind": type(exc).__name__})
                 time.sleep(0.5)
         self.pool.shutdown(wait=True)
+        beating.join(timeout=5)
         return 0
 
     def _handle(self, event: VersionEvent) -> None:
