@@ -9,6 +9,7 @@ scatter — only if its active version is the delta's base. SIGTERM = graceful l
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -67,6 +68,7 @@ class Actor:
         self.token = ""
         self.leaving = threading.Event()
         self.stopped = threading.Event()
+        self.crashed: str | None = None  # a background loop died of an unexpected error: leave and exit non-zero
         self.tokens_per_s = 0.0
         self.downloaded_bytes = 0
         self.activations = 0
@@ -387,7 +389,7 @@ class Actor:
         self.work_cursor = self.plane.latest_id(self.plane.keys.work(self.actor_id))
         self.status = "ready"
         self.token = self.plane.register_actor(self.state())
-        threads = [threading.Thread(target=f, name=f.__name__, daemon=True)
+        threads = [threading.Thread(target=self._guarded, args=(f,), name=f.__name__, daemon=True)
                    for f in (self._heartbeat_loop, self._events_loop, self._stager_loop)]
         for thread in threads:
             thread.start()
@@ -423,7 +425,20 @@ class Actor:
             self._leave()
             for thread in threads:
                 thread.join(timeout=5)
-        return 0
+        return 3 if self.crashed else 0
+
+    def _guarded(self, loop) -> None:
+        """Run a background loop; if it dies of an error it does not handle, the actor leaves (handing its
+        leases back) and exits non-zero for its supervisor to restart it. Without this, an actor whose
+        stager or event thread died would stay registered and heartbeating, but never move to a new version."""
+        try:
+            loop()
+        except Exception as exc:
+            self.crashed = f"{loop.__name__}: {type(exc).__name__}: {exc}"
+            log.exception("background loop %s crashed; leaving", loop.__name__)
+            with contextlib.suppress(AuroraError):  # the control plane may be what failed
+                self.plane.log_event("actor_crash", actor=self.actor_id, loop=loop.__name__, error=type(exc).__name__)
+            self.leaving.set()
 
     def _leave(self) -> None:
         """Graceful leave: hand back unfinished leases at once, deregister."""
