@@ -79,6 +79,12 @@ def wait_version(cluster: LocalCluster, version: int, timeout: float = 300) -> N
     cluster.wait_for(lambda: cluster.trainer_version() >= version, timeout, f"trainer version {version}")
 
 
+def wait_actor_ready(cluster: LocalCluster, actor_id: str, timeout: float = 180) -> None:
+    """Until ``actor_id`` has bootstrapped and registered: a process still starting up (it may bootstrap
+    from a newer snapshot than the fault targets) cannot yet be the subject of a fault."""
+    cluster.wait_for(lambda: actor_id in cluster.plane.actors(), timeout, f"actor {actor_id} registered")
+
+
 def longest_stall(log: list[dict[str, str]], actors: list[str], start_ms: int, end_ms: int) -> float:
     """Longest gap (s) between consecutive results of any of ``actors`` inside ``[start_ms, end_ms]``."""
     times: dict[str, list[int]] = defaultdict(list)
@@ -188,6 +194,8 @@ def finish(result: ScenarioResult, cluster: LocalCluster, summary: dict[str, Any
                                             expected_dead=expected_dead)
     result.invariants.update(invariants)
     result.notes.extend(problems)
+    if not result.all_held:  # a failure must be explainable from the report alone (CI keeps nothing else)
+        result.notes.append(cluster.diagnostics())
     result.steps = summary.get("steps", 0)
     result.accepted = summary.get("rollouts_accepted", 0)
     result.rejected = summary.get("rollouts_rejected", 0)

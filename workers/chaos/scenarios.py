@@ -23,6 +23,7 @@ from workers.chaos.harness import (
     longest_stall,
     ms,
     now_ms,
+    wait_actor_ready,
     wait_version,
 )
 from workers.cluster import LocalCluster
@@ -165,6 +166,7 @@ def actor_falls_behind(run_dir: Path, quick: bool) -> ScenarioResult:
                      actor_args=["--sim-tokens-per-s", "100"])
     with LocalCluster(spec) as cluster:
         wait_version(cluster, 2)
+        wait_actor_ready(cluster, "us-east-3")
         victim = cluster.group["actor-us-east-3"]
         before = cluster.plane.actors()["us-east-3"][0]
         os.kill(victim.process.pid, signal.SIGSTOP)
@@ -299,6 +301,7 @@ def flaky_storage(run_dir: Path, quick: bool) -> ScenarioResult:
                                                             "eu-west": str(run_dir / "buckets" / "eu-west")})
             with LocalCluster(spec) as cluster:
                 wait_version(cluster, 3)
+                wait_actor_ready(cluster, "eu-west-1")
                 remote = cluster.group["actor-eu-west-1"]
                 os.kill(remote.process.pid, signal.SIGSTOP)  # hold the remote actor so it meets the corruption
                 # A version not yet published (the trainer's state can trail its bucket by one): the frozen
