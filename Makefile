@@ -38,7 +38,7 @@ system-deps:
 
 test: $(STAMP) $(VLLM_STAMP) system-deps
 	$(PY) -m ruff check aurora_store workers tests
-	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q
+	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q --durations=15
 
 test-vllm: $(VLLM_STAMP)
 	$(PY) -m pytest -q tests/vllm
