@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -26,15 +25,13 @@ SLOW_S = 2.5  # every request through the proxy takes longer than the TTL
 
 
 @contextmanager
-def running_relay(s3_server, redis_url: str, tmp_path, proxy: FaultProxy, stall_s: float,
+def running_relay(s3_server, bucket_url: str, redis_url: str, tmp_path, proxy: FaultProxy, stall_s: float,
                   rates: FaultRates) -> Iterator[Relay]:
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    s3_server.create_bucket(name)
-    source = build_bucket(s3_server.bucket_url(name), versions=2, snapshots=(0,)).store
+    source = build_bucket(bucket_url, versions=2, snapshots=(0,)).store
     source.put_run_info({**(source.run_info() or {}), "home_region": "us-east"})
     proxy.rates = rates
     relay = Relay(parse_args([
-        "--source", f"s3://{name}?endpoint_url={proxy.endpoint_url}", "--dest", str(tmp_path / "eu-west"),
+        "--source", bucket_url.replace(s3_server.endpoint_url, proxy.endpoint_url), "--dest", str(tmp_path / "eu-west"),
         "--redis", redis_url, "--region", "eu-west", "--run", "relay-test", "--stall-s", str(stall_s)]))
     thread = threading.Thread(target=relay.run, name="relay-under-test", daemon=True)
     thread.start()
@@ -62,9 +59,10 @@ def plane(redis_url, monkeypatch) -> ControlPlane:
     return ControlPlane(redis_url, "relay-test")
 
 
-def test_a_relay_busy_with_slow_copies_stays_alive(s3_server, redis_url, plane, tmp_path):
+def test_a_relay_busy_with_slow_copies_stays_alive(s3_server, s3_bucket_url, redis_url, plane, tmp_path):
+    slow = FaultRates(slow=1.0, slow_s=SLOW_S)
     with FaultProxy(s3_server.endpoint_url) as proxy, \
-            running_relay(s3_server, redis_url, tmp_path, proxy, 60, FaultRates(slow=1.0, slow_s=SLOW_S)) as relay:
+            running_relay(s3_server, s3_bucket_url, redis_url, tmp_path, proxy, 60, slow) as relay:
         started = time.monotonic()
         seen = watch(plane, lambda: {1, 2} <= relay.forwarded, timeout=120)
         elapsed = time.monotonic() - started
@@ -77,10 +75,11 @@ def test_a_relay_busy_with_slow_copies_stays_alive(s3_server, redis_url, plane, 
     assert regional.versions() == [1, 2] and regional.snapshot_versions() == [0]
 
 
-def test_a_relay_that_stops_making_progress_stops_heartbeating(s3_server, redis_url, plane, tmp_path, monkeypatch):
+def test_a_relay_that_stops_making_progress_stops_heartbeating(s3_server, s3_bucket_url, redis_url, plane, tmp_path,
+                                                               monkeypatch):
     monkeypatch.setenv("AURORA_READ_TIMEOUT", "3")
     with FaultProxy(s3_server.endpoint_url) as proxy, \
-            running_relay(s3_server, redis_url, tmp_path, proxy, 2.0, FaultRates()) as relay:
+            running_relay(s3_server, s3_bucket_url, redis_url, tmp_path, proxy, 2.0, FaultRates()) as relay:
         watch(plane, lambda: {1, 2} <= relay.forwarded, timeout=60)
         assert plane.relay("eu-west") is not None
         proxy.rates = FaultRates(stall=1.0, stall_s=8.0)  # every request now hangs: its periodic sync wedges
@@ -90,3 +89,10 @@ def test_a_relay_that_stops_making_progress_stops_heartbeating(s3_server, redis_
         proxy.rates = FaultRates()  # requests succeed again (after the client's read timeout): it comes back
         watch(plane, lambda: plane.relay("eu-west") is not None, timeout=30)
         assert plane.relay("eu-west") is not None, "the relay did not come back once it made progress again"
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", "nan", "soon"])
+def test_a_stall_window_that_is_not_a_positive_number_is_refused(bad, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--source", "s", "--dest", "d", "--redis", "redis://x", "--region", "r", "--stall-s", bad])
+    assert exit_info.value.code == 2 and "--stall-s: needs a positive number of seconds" in capsys.readouterr().err

@@ -24,6 +24,16 @@ class RelayConfig:
     stall_s: float = 120.0  # no progress for this long: stop heartbeating so the region's actors fall back
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"needs a positive number of seconds, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m workers.relay",
@@ -43,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     parser.add_argument("--trainer-public-key", default=os.environ.get("AURORA_TRAINER_PUBLIC_KEY"),
                         help="trainer's Ed25519 public key; unsigned or mis-signed manifests are not forwarded")
-    parser.add_argument("--stall-s", type=float, default=120.0,
+    parser.add_argument("--stall-s", type=_positive_seconds, default=120.0,
                         help="stop heartbeating when no copy or loop iteration has completed for this many "
                              "seconds, so the region's actors read the source bucket instead (default 120)")
     return parser

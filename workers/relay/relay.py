@@ -249,11 +249,17 @@ class Relay:
         takes longer than the heartbeat TTL, and a relay that is busy must not look gone — its actors would
         fall back to the source bucket and every one of them would pay the cross-region copy. A relay whose
         work has made no progress for ``stall_s`` stops beating, so a wedged relay does let them fall back."""
+        was_stalled = False
         while not self.stopping.is_set():
-            if self.stalled():
-                log.error("no progress for %.0fs: not heartbeating (actors will read the source bucket)",
-                          time.monotonic() - self.progress_at)
-            else:
+            stalled = self.stalled()
+            if stalled != was_stalled:  # log the transitions, not every silent second
+                if stalled:
+                    log.error("no progress for %.0fs: not heartbeating (actors will read the source bucket)",
+                              time.monotonic() - self.progress_at)
+                else:
+                    log.warning("progress again: heartbeating")
+                was_stalled = stalled
+            if not stalled:
                 try:
                     self.heartbeat()
                 except AuroraError as exc:
