@@ -159,10 +159,11 @@ def main() -> int:
     ranks = Ranks.from_env()
     try:
         result = Run(spec, ranks).main()
-    finally:
+    except BaseException:
         ranks.close()
+        raise
     Path(spec["out"], f"result-rank{ranks.rank}.json").write_text(json.dumps(result, indent=1))
-    return 0
+    return ranks.finish(0)  # a sharded rank leaves without interpreter finalization, as the trainer does
 
 
 if __name__ == "__main__":

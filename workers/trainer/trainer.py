@@ -25,6 +25,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -463,10 +464,16 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     try:
         summary = trainer.run()
-    finally:
+    except Exception:
+        if not trainer.ranks.sharded:
+            raise
+        traceback.print_exc()  # what the interpreter would print; finish() leaves without it
+        return trainer.ranks.finish(1)
+    except BaseException:
         trainer.ranks.close()
+        raise
     if trainer.ranks.leader:
         out = Path(cfg.checkpoint_dir) / "summary.json"
         out.write_text(json.dumps(summary, indent=2))
         print(json.dumps(summary))
-    return 0
+    return trainer.ranks.finish(0)
