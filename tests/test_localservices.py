@@ -71,7 +71,7 @@ def test_a_server_that_keeps_dying_gives_up_after_a_bounded_number_of_attempts(m
         chosen.append(taken)
         self.port = taken
 
-    monkeypatch.setattr(RedisServer, "_choose_port", always_the_taken_port)
+    monkeypatch.setattr(RedisServer, "_choose_ports", always_the_taken_port)
     server = RedisServer()
     with holder, pytest.raises(ServerExitedError):
         server.start()
