@@ -50,7 +50,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check aurora_store workers tests
 
 bench: $(STAMP)
-	$(PY) -m aurora_store.bench codec --json
+	$(PY) -m benchmarks codec --json
 
 # Every failure scenario against real processes; the last line is one JSON object with the figures.
 chaos: $(STAMP)

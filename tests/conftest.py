@@ -9,7 +9,7 @@ import uuid
 import pytest
 from hypothesis import HealthCheck, settings
 
-from aurora_store.localservices import GCSServer, RedisServer, S3Server
+from aurora_store.testing.servers import GCSServer, RedisServer, S3Server
 
 settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True,

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from aurora_store.bus import ControlPlane
-from aurora_store.localservices import RedisServer
 from aurora_store.store import DeltaStore, open_bucket
+from aurora_store.testing.servers import RedisServer
 from workers.launch import Managed, ProcessGroup
 
 
@@ -87,7 +87,7 @@ class LocalCluster:
     def _metrics_args(self, name: str) -> list[str]:
         if not self.spec.metrics:
             return []
-        from aurora_store.localservices import free_port
+        from aurora_store.testing.servers import free_port
 
         self.metrics_ports[name] = port = free_port()
         return ["--metrics-port", str(port)]

@@ -1,7 +1,6 @@
 """Redis Streams control plane: notifications only — the bucket is the source of truth."""
 
 from aurora_store.bus.client import connect
-from aurora_store.bus.keys import RunKeys
 from aurora_store.bus.messages import (
            ActorState,
            Lease,
@@ -12,6 +11,7 @@ from aurora_store.bus.messages import (
            VersionEvent,
 )
 from aurora_store.bus.plane import ControlPlane
+from aurora_store.bus.redis_keys import RunKeys
 
 __all__ = ["ActorState", "ControlPlane", "Lease", "MessageError", "RelayState", "RolloutResult", "RunKeys",
            "TrainerState", "VersionEvent", "connect"]

@@ -15,7 +15,6 @@ import redis
 from aurora_store import config
 from aurora_store.bus import streams
 from aurora_store.bus.client import BLOCK_MS, Reconnecting
-from aurora_store.bus.keys import RunKeys
 from aurora_store.bus.messages import (
     ActorState,
     Lease,
@@ -25,6 +24,7 @@ from aurora_store.bus.messages import (
     TrainerState,
     VersionEvent,
 )
+from aurora_store.bus.redis_keys import RunKeys
 
 RESULTS_GROUP = "trainer"
 

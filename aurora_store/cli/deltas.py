@@ -171,7 +171,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
 
 
 def cmd_log(args: argparse.Namespace) -> int:
-    from aurora_store import history
+    from aurora_store.store import history
 
     store = DeltaStore(open_bucket(args.bucket))
     table_ = history.load(store)

@@ -39,7 +39,7 @@ from aurora_store.errors import AuroraError, ConfigError, VersionNotFoundError
 from aurora_store.ops.inventory import Inventory, delete_object, object_size, parallel_map, read_inventory
 from aurora_store.ops.problems import Problem
 from aurora_store.ops.verify import check_inventory
-from aurora_store.store import keys
+from aurora_store.store import object_names
 from aurora_store.store.versions import DeltaStore
 
 Kind = Literal["snapshot_manifest", "delta_manifest", "snapshot_file", "segment", "orphan_segment", "layout"]
@@ -128,8 +128,8 @@ def plan_gc(store: DeltaStore | str, keep_snapshots: int, *, prune_orphans: bool
     referenced = {ref.digest for m in inv.deltas.values() for ref in m.segments}
     orphans = tuple(sorted(inv.segments - referenced))
     if prune_orphans:
-        sizes = parallel_map(store, lambda d: object_size(store, keys.segment(d)), orphans)
-        deletions += [Deletion(keys.segment(d), s or 0, "orphan_segment") for d, s in zip(orphans, sizes)]
+        sizes = parallel_map(store, lambda d: object_size(store, object_names.segment(d)), orphans)
+        deletions += [Deletion(object_names.segment(d), s or 0, "orphan_segment") for d, s in zip(orphans, sizes)]
     deletions.sort(key=lambda d: ORDER.index(d.kind))  # stable: keeps version order within a kind
     return GcPlan(store.url, keep_snapshots, tuple(retained), kept_deltas, removed_snapshots, removed_deltas,
                   tuple(deletions), orphans, prune_orphans)
@@ -187,16 +187,16 @@ def _deletions(store: DeltaStore, inv: Inventory, oldest: int | None, removed_de
     out: list[Deletion] = []
     for version in removed_snapshots:
         snap = inv.snapshots.get(version)
-        manifest_key = keys.snapshot_manifest(version)
+        manifest_key = object_names.snapshot_manifest(version)
         size = len(snap.to_bytes()) if snap is not None else object_size(store, manifest_key) or 0
         out.append(Deletion(manifest_key, size, "snapshot_manifest"))
     for version in removed_deltas:
-        out.append(Deletion(keys.delta(version), inv.manifest_sizes.get(version, 0), "delta_manifest"))
+        out.append(Deletion(object_names.delta(version), inv.manifest_sizes.get(version, 0), "delta_manifest"))
     abandoned = [v for v in inv.snapshot_keys if v not in inv.listed_snapshots and oldest is not None and v < oldest]
     for version in sorted([*removed_snapshots, *abandoned]):
         declared = {f.name: f.size for f in inv.snapshots[version].files} if version in inv.snapshots else {}
-        files = [k for k in inv.snapshot_keys[version] if k != keys.snapshot_manifest(version)]
-        prefix = keys.snapshot_dir(version)
+        files = [k for k in inv.snapshot_keys[version] if k != object_names.snapshot_manifest(version)]
+        prefix = object_names.snapshot_dir(version)
         sizes = [declared.get(k[len(prefix):]) for k in files]
         sizes = [s if s is not None else object_size(store, k) or 0 for k, s in zip(files, sizes)]
         out += [Deletion(k, s, "snapshot_file") for k, s in zip(files, sizes)]
@@ -206,14 +206,14 @@ def _deletions(store: DeltaStore, inv: Inventory, oldest: int | None, removed_de
         for ref in inv.deltas[version].segments if version in inv.deltas else ():
             if ref.digest not in kept_segments and ref.digest in inv.segments:
                 dropped.setdefault(ref.digest, ref.size)
-    out += [Deletion(keys.segment(d), s, "segment") for d, s in dropped.items()]
+    out += [Deletion(object_names.segment(d), s, "segment") for d, s in dropped.items()]
     kept_layouts = {inv.deltas[v].layout_fingerprint for v in kept_deltas if v in inv.deltas}
     kept_layouts |= {inv.snapshots[v].layout_fingerprint for v in retained if v in inv.snapshots}
     dropped_layouts = {inv.deltas[v].layout_fingerprint for v in removed_deltas if v in inv.deltas}
     dropped_layouts |= {inv.snapshots[v].layout_fingerprint for v in removed_snapshots if v in inv.snapshots}
     for fingerprint in sorted(dropped_layouts - kept_layouts):
         if fingerprint in inv.layouts:
-            key = keys.layout(fingerprint)
+            key = object_names.layout(fingerprint)
             out.append(Deletion(key, object_size(store, key) or 0, "layout"))
     return out
 

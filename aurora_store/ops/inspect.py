@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from aurora_store import history
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.errors import AuroraError, ConfigError
 from aurora_store.ops import runlog
 from aurora_store.ops.status import resolve_run
+from aurora_store.store import history
 from aurora_store.store.snapshots import read_snapshot_manifest
 from aurora_store.store.versions import DeltaStore
 
@@ -79,7 +79,7 @@ def open_view(bucket: str | None = None, *, redis: str | None = None, run: str |
 
 
 def version_table(store: DeltaStore) -> pa.Table:
-    """One row per version (the history schema, :data:`aurora_store.history.SCHEMA`): the Parquet history
+    """One row per version (the history schema, :data:`aurora_store.store.history.SCHEMA`): the Parquet history
     where it exists, completed from manifests for versions without a row (buckets written by
     ``aurora diff``, relays' regional buckets). Timings are null where only a manifest was available."""
     recorded = history.load(store)

@@ -18,15 +18,15 @@ from typing import TypeVar
 from aurora_store.codec.manifest import DeltaManifest
 from aurora_store.errors import FormatError, ObjectNotFoundError
 from aurora_store.ops.problems import Problem
-from aurora_store.store import keys, retry
+from aurora_store.store import object_names, retry
 from aurora_store.store.snapshots import SnapshotManifest
 from aurora_store.store.versions import DeltaStore
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-_SNAPSHOT_DIR = re.compile(rf"^{keys.SNAPSHOTS}(\d{{{keys.VERSION_DIGITS}}})/")
-_LAYOUT_KEY = re.compile(rf"^{keys.LAYOUTS}([0-9a-f]{{64}})\.json$")
+_SNAPSHOT_DIR = re.compile(rf"^{object_names.SNAPSHOTS}(\d{{{object_names.VERSION_DIGITS}}})/")
+_LAYOUT_KEY = re.compile(rf"^{object_names.LAYOUTS}([0-9a-f]{{64}})\.json$")
 
 
 @dataclass(frozen=True)
@@ -107,17 +107,17 @@ def read_inventory(store: DeltaStore) -> Inventory:
     problems: list[Problem] = []
     listed_deltas = tuple(store.versions())
     snapshot_keys: dict[int, list[str]] = {}
-    for key in store.list_objects(keys.SNAPSHOTS):
+    for key in store.list_objects(object_names.SNAPSHOTS):
         match = _SNAPSHOT_DIR.match(key)
         if match:
             snapshot_keys.setdefault(int(match.group(1)), []).append(key)
-    listed_snapshots = tuple(sorted(v for v, ks in snapshot_keys.items() if keys.snapshot_manifest(v) in ks))
+    listed_snapshots = tuple(sorted(v for v, ks in snapshot_keys.items() if object_names.snapshot_manifest(v) in ks))
     segments = frozenset(store.segment_digests())
-    layouts = frozenset("sha256:" + m.group(1) for k in store.list_objects(keys.LAYOUTS)
+    layouts = frozenset("sha256:" + m.group(1) for k in store.list_objects(object_names.LAYOUTS)
                         if (m := _LAYOUT_KEY.match(k)))
 
     def read_delta(version: int) -> tuple[int, DeltaManifest | None, int, Problem | None]:
-        key = keys.delta(version)
+        key = object_names.delta(version)
         try:
             data = store.get_object(key)
         except ObjectNotFoundError:  # deleted since the listing (e.g. a concurrent gc)
@@ -133,7 +133,7 @@ def read_inventory(store: DeltaStore) -> Inventory:
         return version, manifest, len(data), None
 
     def read_snapshot(version: int) -> tuple[int, SnapshotManifest | None, Problem | None]:
-        key = keys.snapshot_manifest(version)
+        key = object_names.snapshot_manifest(version)
         try:
             data = store.get_object(key)
         except ObjectNotFoundError:

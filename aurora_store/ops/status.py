@@ -15,7 +15,7 @@ from aurora_store.bus.client import connect, redact
 from aurora_store.cli.output import human_bytes, table
 from aurora_store.errors import ConfigError
 
-#: Keys every run has at least one of while it is alive (see aurora_store.bus.keys.RunKeys).
+#: Keys every run has at least one of while it is alive (see aurora_store.bus.redis_keys.RunKeys).
 _RUN_MARKERS = ("trainer", "actors", "relays", "log")
 
 

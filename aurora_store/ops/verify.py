@@ -26,7 +26,7 @@ from aurora_store.errors import AuroraError, LayoutError, ObjectNotFoundError, V
 from aurora_store.ops.inventory import Inventory, object_size, parallel_map, read_inventory
 from aurora_store.ops.problems import CODES, Problem
 from aurora_store.ops.reproduce import replay_between_snapshots
-from aurora_store.store import keys
+from aurora_store.store import object_names
 from aurora_store.store.snapshots import SnapshotFile, SnapshotManifest
 from aurora_store.store.versions import DeltaStore
 
@@ -159,7 +159,7 @@ class _Verifier:
             self.problems.extend(found)
 
     def _check_segment(self, digest: str, uses: list[tuple[int, SegmentRef]]) -> tuple[int, list[Problem]]:
-        key = keys.segment(digest)
+        key = object_names.segment(digest)
         first_version, ref = uses[0]
         if digest not in self.inv.segments:
             return 0, [Problem("segment_missing", f"segment {digest} ({ref.size} bytes) is not in the bucket",
@@ -235,7 +235,7 @@ class _Verifier:
                                               f"not published", version)
 
     def _check_file(self, version: int, entry: SnapshotFile) -> list[Problem]:
-        key = keys.snapshot_dir(version) + entry.name
+        key = object_names.snapshot_dir(version) + entry.name
         size = object_size(self.store, key)
         if size is None:
             return [Problem("snapshot_file_missing", f"{key} ({entry.size} bytes) is not in the bucket", version,

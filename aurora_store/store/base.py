@@ -8,15 +8,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a backend guarantees.
+    """What a backend guarantees; the conformance suite (:mod:`aurora_store.testing.conformance`) skips the
+    tests of guarantees a backend does not declare.
 
     ``atomic_create``: :meth:`Bucket.create` is a single atomic conditional write (S3 ``If-None-Match: *``,
-    GCS ``ifGenerationMatch=0``, ``link(2)`` locally) — never check-then-write. ``remote``: requests cross a
-    network, so parallel streams pay off.
+    GCS ``ifGenerationMatch=0``, ``link(2)`` locally) — never check-then-write. Publishing versions relies on
+    it: without it two trainers could both "win" a version.
     """
 
     atomic_create: bool
-    remote: bool
 
 
 class Bucket(ABC):

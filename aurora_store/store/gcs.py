@@ -42,7 +42,7 @@ def _http_errors() -> tuple[type[Exception], ...]:
 
 
 class GCSBucket(Bucket):
-    capabilities = Capabilities(atomic_create=True, remote=True)
+    capabilities = Capabilities(atomic_create=True)
 
     def __init__(self, bucket: str, prefix: str = "", *, check: bool = True, fs: Any = None, **options: Any) -> None:
         if fs is None:

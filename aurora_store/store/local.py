@@ -19,7 +19,7 @@ _TMP_PREFIX = ".aurora-tmp-"
 
 
 class LocalBucket(Bucket):
-    capabilities = Capabilities(atomic_create=True, remote=False)
+    capabilities = Capabilities(atomic_create=True)
 
     def __init__(self, root: str | os.PathLike[str], *, create: bool = False) -> None:
         self.root = Path(root).expanduser().absolute()

@@ -12,7 +12,7 @@ _REGISTRY_LOCK = threading.Lock()
 
 
 class MemoryBucket(Bucket):
-    capabilities = Capabilities(atomic_create=True, remote=False)
+    capabilities = Capabilities(atomic_create=True)
 
     def __init__(self, name: str, *, create: bool = False) -> None:
         self.url = f"memory://{name}"

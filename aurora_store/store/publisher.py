@@ -1,4 +1,10 @@
-"""Publishing a new version: encode + cut-through upload + create-only manifest + history row."""
+"""Publishing a new version: encode + cut-through upload of one or more parts, then the create-only manifest
+and the history row.
+
+There is one path. A single process publishes one part (:meth:`VersionPublisher.publish`); a sharded trainer
+uploads one part per rank (:meth:`VersionPublisher.upload_part` on every rank) and one rank writes the
+manifest from all of them (:meth:`VersionPublisher.publish_parts`). Both end in the same manifest builder.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +15,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aurora_store import history
 from aurora_store.codec.digest import WeightsDigest
-from aurora_store.codec.encoder import DeltaEncoder, EncodeSummary, Piece
+from aurora_store.codec.encoder import DeltaEncoder, Piece
 from aurora_store.codec.layout import ModelLayout
-from aurora_store.codec.manifest import DeltaManifest, SegmentRef
+from aurora_store.codec.manifest import DeltaManifest
 from aurora_store.codec.params import CodecParams
 from aurora_store.codec.sharding import DeltaPart, merge_parts, track_spans
-from aurora_store.store.transfer import PublishReport, SegmentCallback, UploadReport, publish_delta, upload_segments
+from aurora_store.store import history
+from aurora_store.store.transfer import SegmentCallback, UploadReport, upload_segments
 from aurora_store.store.versions import DeltaStore
 
 log = logging.getLogger("aurora.publish")
@@ -25,6 +31,33 @@ Signer = Callable[[DeltaManifest], DeltaManifest]
 
 def utc_now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclass(frozen=True)
+class PublishReport:
+    """A published version: its manifest and how long getting there took."""
+
+    manifest: DeltaManifest
+    encode_s: float  # CPU time spent encoding (the slowest part's, when several ranks encoded)
+    upload_s: float  # from the first segment handed to a stream until the last one is durable (slowest part)
+    total_s: float  # from the start of extraction until the manifest is durable
+    first_segment_s: float  # when the first segment became durable, from the start
+
+    @property
+    def segments(self) -> int:
+        return len(self.manifest.segments)
+
+    @property
+    def segment_bytes(self) -> int:
+        return self.manifest.segment_bytes
+
+    @property
+    def manifest_bytes(self) -> int:
+        return len(self.manifest.to_bytes())
+
+    @property
+    def total_bytes(self) -> int:
+        return self.segment_bytes + self.manifest_bytes
 
 
 @dataclass
@@ -44,24 +77,20 @@ class VersionPublisher:
 
     def publish(self, version: int, base_version: int, base_digest: WeightsDigest, pieces: Iterable[Piece], *,
                 on_segment: SegmentCallback | None = None, cut_through: bool = True) -> PublishReport:
-        encoder = DeltaEncoder(self.layout, self.params)
+        """Publish ``version`` from one process: one part covering every tensor, then its manifest.
 
-        def make_manifest(summary: EncodeSummary, refs: tuple[SegmentRef, ...]) -> DeltaManifest:
-            manifest = DeltaManifest(
-                version=version, base_version=base_version, layout_fingerprint=self.layout.fingerprint,
-                codec=self.params, segments=refs, changed=dict(summary.changed), elements=self.layout.numel,
-                base_weights_digest=str(base_digest), weights_digest=str(base_digest + summary.digest_delta),
-                created_at=utc_now(), producer=dict(self.producer))
-            return self.sign(manifest) if self.sign is not None else manifest
+        ``on_segment`` runs after each segment is durable (e.g. to notify relays); ``cut_through=False``
+        encodes everything before uploading (a benchmark baseline). If an upload fails, no manifest is written.
+        """
+        started = time.perf_counter()
+        part, upload = self.upload_part(pieces, on_segment=on_segment, cut_through=cut_through)
+        return self.publish_parts(version, base_version, base_digest, [part], encode_s=upload.encode_s,
+                                  upload_s=upload.upload_s, started=started,
+                                  first_segment_s=upload.first_segment_s)
 
-        report = publish_delta(self.store, encoder, pieces, make_manifest, streams=self.streams,
-                               on_segment=on_segment, cut_through=cut_through)
-        self._published(report)
-        return report
-
-    def upload_part(self, pieces: Iterable[Piece], *,
-                    on_segment: SegmentCallback | None = None) -> tuple[DeltaPart, UploadReport]:
-        """Encode and upload one rank's pieces without writing a manifest.
+    def upload_part(self, pieces: Iterable[Piece], *, on_segment: SegmentCallback | None = None,
+                    cut_through: bool = True) -> tuple[DeltaPart, UploadReport]:
+        """Encode and upload one part's pieces without writing a manifest.
 
         A sharded trainer calls this on every rank (each with its own upload streams); the returned
         :class:`DeltaPart` is small (segment refs, counts, digest contribution, covered ranges) and is what
@@ -69,7 +98,7 @@ class VersionPublisher:
         """
         spans: list[tuple[str, int, int]] = []
         upload = upload_segments(self.store, DeltaEncoder(self.layout, self.params), track_spans(pieces, spans),
-                                 streams=self.streams, on_segment=on_segment)
+                                 streams=self.streams, on_segment=on_segment, cut_through=cut_through)
         summary = upload.summary
         return DeltaPart(upload.refs, dict(summary.changed), summary.digest_delta, summary.elements,
                          tuple(spans)), upload
@@ -94,19 +123,17 @@ class VersionPublisher:
         if self.sign is not None:
             manifest = self.sign(manifest)
         self.store.publish_manifest(manifest)
-        report = PublishReport(manifest=manifest, segments=len(manifest.segments), segment_bytes=manifest.segment_bytes,
-                               manifest_bytes=len(manifest.to_bytes()), encode_s=encode_s, upload_s=upload_s,
+        report = PublishReport(manifest=manifest, encode_s=encode_s, upload_s=upload_s,
                                total_s=time.perf_counter() - t0, first_segment_s=first_segment_s)
         self._published(report)
         return report
 
     def _published(self, report: PublishReport) -> None:
-        """History row, latest hint and log line of a version whose manifest was just created."""
+        """History row and log line of a version whose manifest was just created."""
         version = report.manifest.version
         if self.record_history:
             history.record(self.store, history.row_from_manifest(
                 report.manifest, encode_s=report.encode_s, upload_s=report.upload_s, publish_s=report.total_s))
-        self.store.set_latest_hint(version)
         log.info("published version %d", version, extra={
             "version": version, "base": report.manifest.base_version, "changed": report.manifest.changed_total,
             "density": round(report.manifest.density, 6), "delta_bytes": report.total_bytes,

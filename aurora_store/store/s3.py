@@ -33,7 +33,7 @@ _MISSING_KEY_CODES = {"NoSuchKey", "404", "NotFound"}
 
 
 class S3Bucket(Bucket):
-    capabilities = Capabilities(atomic_create=True, remote=True)
+    capabilities = Capabilities(atomic_create=True)
 
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
                  region: str | None = None, settings: TransferSettings | None = None,

@@ -32,7 +32,7 @@ from aurora_store.errors import (
     VersionExistsError,
     VersionNotFoundError,
 )
-from aurora_store.store import keys
+from aurora_store.store import object_names
 from aurora_store.store.versions import DeltaStore
 
 SNAPSHOT_FORMAT = "aurora.snapshot/1"
@@ -153,13 +153,13 @@ def write_snapshot(store: DeltaStore, version: int, state: Mapping[str, torch.Te
     files.update(extra_files or {})
     entries = []
     for name, data in sorted(files.items()):
-        store.put_object(keys.snapshot_dir(version) + name, data)
+        store.put_object(object_names.snapshot_dir(version) + name, data)
         entries.append(SnapshotFile(name, hashlib.sha256(data).hexdigest(), len(data)))
     manifest = SnapshotManifest(version, layout.fingerprint, str(weights_digest), tuple(entries), weight_files,
                                 created_at, dict(producer or {}))
     if sign is not None:
         manifest = sign(manifest)
-    store.create_object(keys.snapshot_manifest(version), manifest.to_bytes(), error=VersionExistsError,
+    store.create_object(object_names.snapshot_manifest(version), manifest.to_bytes(), error=VersionExistsError,
                         message=f"snapshot {version} already exists in {store.url} with different content")
     return manifest
 
@@ -189,7 +189,7 @@ def put_snapshot_file(store: DeltaStore, version: int, name: str, data: bytes) -
     """Upload one file of snapshot ``version`` and return its manifest entry. Several writers (e.g. the ranks
     of a sharded trainer) may each upload their own files; one of them then calls
     :func:`create_snapshot_manifest` with all entries."""
-    store.put_object(keys.snapshot_dir(version) + name, data)
+    store.put_object(object_names.snapshot_dir(version) + name, data)
     return SnapshotFile(name, hashlib.sha256(data).hexdigest(), len(data))
 
 
@@ -205,14 +205,14 @@ def create_snapshot_manifest(store: DeltaStore, version: int, layout: ModelLayou
                                 dict(producer or {}))
     if sign is not None:
         manifest = sign(manifest)
-    store.create_object(keys.snapshot_manifest(version), manifest.to_bytes(), error=VersionExistsError,
+    store.create_object(object_names.snapshot_manifest(version), manifest.to_bytes(), error=VersionExistsError,
                         message=f"snapshot {version} already exists in {store.url} with different content")
     return manifest
 
 
 def read_snapshot_manifest(store: DeltaStore, version: int) -> SnapshotManifest:
     try:
-        data = store.get_object(keys.snapshot_manifest(version))
+        data = store.get_object(object_names.snapshot_manifest(version))
     except ObjectNotFoundError:
         raise VersionNotFoundError(f"no snapshot of version {version} in {store.url}") from None
     manifest = SnapshotManifest.from_bytes(data)
@@ -226,7 +226,7 @@ def read_snapshot_file(store: DeltaStore, manifest: SnapshotManifest, name: str)
     if entry is None:
         raise ManifestError(f"snapshot {manifest.version} has no file {name!r}")
     for _ in range(2):  # one re-fetch on mismatch (e.g. a torn read), then give up
-        data = store.get_object(keys.snapshot_dir(manifest.version) + name)
+        data = store.get_object(object_names.snapshot_dir(manifest.version) + name)
         if len(data) == entry.size and hashlib.sha256(data).hexdigest() == entry.sha256:
             return data
     raise IntegrityError(f"snapshot {manifest.version} file {name} in {store.url} does not match its digest")

@@ -1,7 +1,8 @@
 """Streaming, multi-stream transfer of deltas.
 
-Publishing is cut-through: each segment is handed to one of ``S`` upload streams the moment the encoder
-yields it, while encoding continues; the manifest is written only after every segment is durable.
+Uploading is cut-through: each segment is handed to one of ``S`` upload streams the moment the encoder
+yields it, while encoding continues (the manifest is written by :mod:`aurora_store.store.publisher` only
+after every segment is durable).
 Fetching downloads a version's segments over ``S`` streams and yields each as soon as it has arrived and
 matched its digest (mismatches are re-fetched once, then raise).
 """
@@ -15,29 +16,11 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from aurora_store.codec.encoder import DeltaEncoder, EncodeSummary, Piece, Segment
-from aurora_store.codec.manifest import DeltaManifest, SegmentRef
+from aurora_store.codec.manifest import SegmentRef
 from aurora_store.progress import Progress
 from aurora_store.store.versions import DeltaStore
 
-
-@dataclass(frozen=True)
-class PublishReport:
-    manifest: DeltaManifest
-    segments: int
-    segment_bytes: int
-    manifest_bytes: int
-    encode_s: float  # CPU time spent encoding (excluding waits for upload slots)
-    upload_s: float  # from the first segment handed to a stream until the last one is durable
-    total_s: float  # from the start of extraction until the manifest is durable
-    first_segment_s: float  # when the first segment became durable, from the start
-
-    @property
-    def total_bytes(self) -> int:
-        return self.segment_bytes + self.manifest_bytes
-
-
 SegmentCallback = Callable[[SegmentRef], None]
-ManifestFactory = Callable[[EncodeSummary, tuple[SegmentRef, ...]], DeltaManifest]
 
 
 @dataclass(frozen=True)
@@ -45,11 +28,15 @@ class UploadReport:
     """Segments encoded and made durable, without a manifest (see :func:`upload_segments`)."""
 
     refs: tuple[SegmentRef, ...]
-    summary: EncodeSummary
-    encode_s: float  # CPU time spent encoding (excluding waits for upload slots)
+    summary: EncodeSummary  # what the encoder produced, including its own CPU seconds
     upload_s: float  # from the first segment handed to a stream until the last one is durable
     total_s: float  # from the start of extraction until the last segment is durable
     first_segment_s: float  # when the first segment became durable, from the start
+
+    @property
+    def encode_s(self) -> float:
+        """CPU time spent encoding (excluding waits for upload slots)."""
+        return self.summary.encode_seconds
 
     @property
     def segment_bytes(self) -> int:
@@ -61,8 +48,11 @@ def upload_segments(store: DeltaStore, encoder: DeltaEncoder, pieces: Iterable[P
                     cut_through: bool = True) -> UploadReport:
     """Encode ``pieces`` and upload each segment over one of ``streams`` streams as soon as it exists.
 
-    The manifest-less half of :func:`publish_delta`: a sharded trainer runs it on every rank (each rank its
-    own streams) and one rank writes the manifest once all ranks' segments are durable.
+    ``on_segment`` runs (on an upload thread) after each segment is durable — e.g. to notify relays.
+    ``cut_through=False`` encodes everything first and uploads afterwards (the baseline benchmarks compare
+    against). If any upload fails, encoding stops and the error propagates. Every publisher — one process or
+    every rank of a sharded trainer — goes through here; the manifest is written afterwards
+    (:meth:`~aurora_store.store.publisher.VersionPublisher.publish_parts`).
     """
     streams = streams or store.settings.streams
     started = time.perf_counter()
@@ -100,30 +90,9 @@ def upload_segments(store: DeltaStore, encoder: DeltaEncoder, pieces: Iterable[P
             future.result()
     uploaded = time.perf_counter()
     return UploadReport(
-        refs=tuple(refs), summary=encoder.summary, encode_s=encoder.summary.encode_seconds,
+        refs=tuple(refs), summary=encoder.summary,
         upload_s=(uploaded - upload_started[0]) if upload_started else 0.0, total_s=uploaded - started,
         first_segment_s=first_durable[0] if first_durable else uploaded - started)
-
-
-def publish_delta(store: DeltaStore, encoder: DeltaEncoder, pieces: Iterable[Piece], make_manifest: ManifestFactory,
-                  *, streams: int | None = None, on_segment: SegmentCallback | None = None,
-                  cut_through: bool = True) -> PublishReport:
-    """Encode ``pieces`` and upload segments as they are produced, then create the manifest.
-
-    ``on_segment`` runs (on an upload thread) after each segment is durable — e.g. to notify relays.
-    ``cut_through=False`` encodes everything first and uploads afterwards (the baseline the benchmark
-    compares against). If any upload fails, no manifest is written and the error propagates.
-    """
-    started = time.perf_counter()
-    upload = upload_segments(store, encoder, pieces, streams=streams, on_segment=on_segment,
-                             cut_through=cut_through)
-    manifest = make_manifest(upload.summary, upload.refs)
-    store.publish_manifest(manifest)
-    finished = time.perf_counter()
-    return PublishReport(
-        manifest=manifest, segments=len(upload.refs), segment_bytes=upload.segment_bytes,
-        manifest_bytes=len(manifest.to_bytes()), encode_s=upload.encode_s, upload_s=upload.upload_s,
-        total_s=finished - started, first_segment_s=upload.first_segment_s if upload.refs else finished - started)
 
 
 def fetch_segments(store: DeltaStore, refs: Iterable[SegmentRef], *, streams: int | None = None,
@@ -151,28 +120,3 @@ def fetch_segments(store: DeltaStore, refs: Iterable[SegmentRef], *, streams: in
         finally:
             for future in futures:
                 future.cancel()
-
-
-def copy_segments(source: DeltaStore, dest: DeltaStore, refs: Iterable[SegmentRef], *, streams: int | None = None,
-                  skip_existing: bool = True) -> tuple[int, int]:
-    """Copy segments between stores over parallel streams; returns ``(segments copied, bytes copied)``.
-    Segments the destination already holds are skipped (content addressing makes that safe)."""
-    refs = list(refs)
-    if skip_existing:
-        refs = dest.missing_segments(refs)
-    copied = 0
-    nbytes = 0
-    lock = threading.Lock()
-
-    def one(ref: SegmentRef) -> None:
-        nonlocal copied, nbytes
-        data = source.get_segment(ref)
-        dest.put_segment(ref, data)
-        with lock:
-            copied += 1
-            nbytes += len(data)
-
-    with ThreadPoolExecutor(max_workers=streams or source.settings.streams) as pool:
-        for future in [pool.submit(one, ref) for ref in refs]:
-            future.result()
-    return copied, nbytes

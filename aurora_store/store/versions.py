@@ -6,7 +6,7 @@ Invariants kept here:
 * a manifest is written create-only and only after all its segments are durable, so a listed version is
   always complete; two writers racing for one version: exactly one wins, the other gets
   :class:`VersionExistsError`; a retried create that finds its own earlier write succeeds;
-* the listing is the truth for "which versions exist"; ``latest.json`` is only a hint.
+* the listing is the truth for "which versions exist".
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from aurora_store.errors import (
     VersionExistsError,
     VersionNotFoundError,
 )
-from aurora_store.store import keys, retry
+from aurora_store.store import object_names, retry
 from aurora_store.store.base import Bucket
 from aurora_store.store.url import open_bucket
 
@@ -78,19 +78,19 @@ class DeltaStore:
     # --- segments --------------------------------------------------------------------------------
 
     def has_segment(self, digest: str) -> bool:
-        return self._call(lambda: self.bucket.exists(keys.segment(digest)))
+        return self._call(lambda: self.bucket.exists(object_names.segment(digest)))
 
     def put_segment(self, ref: SegmentRef, data: bytes) -> None:
         if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.digest:
             raise IntegrityError(f"refusing to store segment bytes that do not hash to {ref.digest[:12]}…")
-        self._call(lambda: self.bucket.put(keys.segment(ref.digest), data))
+        self._call(lambda: self.bucket.put(object_names.segment(ref.digest), data))
 
     def get_segment(self, ref: SegmentRef) -> bytes:
         """Fetch and verify a segment; a mismatch is re-fetched, and raises :class:`IntegrityError` if it
         persists (e.g. a corrupted object)."""
 
         def fetch_verified() -> bytes:
-            data = self._call(lambda: self.bucket.get(keys.segment(ref.digest)))
+            data = self._call(lambda: self.bucket.get(object_names.segment(ref.digest)))
             if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.digest:
                 raise IntegrityError(f"segment {ref.digest[:12]}… in {self.url} does not match its digest "
                                      f"({len(data)} bytes, expected {ref.size})")
@@ -104,8 +104,8 @@ class DeltaStore:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def segment_digests(self) -> list[str]:
-        return [d for d in (keys.segment_digest(k) for k in self._call(lambda: self.bucket.list(keys.SEGMENTS)))
-                if d]
+        listed = self._call(lambda: self.bucket.list(object_names.SEGMENTS))
+        return [d for d in (object_names.segment_digest(k) for k in listed) if d]
 
     # --- manifests -------------------------------------------------------------------------------
 
@@ -114,14 +114,14 @@ class DeltaStore:
         different manifest already holds the version."""
         data = manifest.to_bytes() if isinstance(manifest, DeltaManifest) else bytes(manifest)
         parsed = manifest if isinstance(manifest, DeltaManifest) else DeltaManifest.from_bytes(data)
-        self.create_object(keys.delta(parsed.version), data, error=VersionExistsError,
+        self.create_object(object_names.delta(parsed.version), data, error=VersionExistsError,
                            message=f"version {parsed.version} was already published in {self.url} by another writer")
         self._remember(parsed)
         return parsed
 
     def manifest_bytes(self, version: int) -> bytes:
         try:
-            return self._call(lambda: self.bucket.get(keys.delta(version)))
+            return self._call(lambda: self.bucket.get(object_names.delta(version)))
         except ObjectNotFoundError:
             raise VersionNotFoundError(f"version {version} is not published in {self.url}") from None
 
@@ -133,7 +133,7 @@ class DeltaStore:
                 return cached
         parsed = DeltaManifest.from_bytes(self.manifest_bytes(version))
         if parsed.version != version:
-            raise ManifestError(f"{keys.delta(version)} in {self.url} holds a manifest for version "
+            raise ManifestError(f"{object_names.delta(version)} in {self.url} holds a manifest for version "
                                 f"{parsed.version}")
         self._remember(parsed)
         return parsed
@@ -146,12 +146,12 @@ class DeltaStore:
 
     def versions(self, after: int | None = None) -> list[int]:
         """Published delta versions (``> after`` if given), ascending — from the listing, which is the truth."""
-        start = keys.delta(after) if after is not None and after >= 0 else ""
-        found = (keys.delta_version(k) for k in self.list_objects(keys.DELTAS, start))
+        start = object_names.delta(after) if after is not None and after >= 0 else ""
+        found = (object_names.delta_version(k) for k in self.list_objects(object_names.DELTAS, start))
         return sorted(v for v in found if v is not None)
 
     def snapshot_versions(self) -> list[int]:
-        found = (keys.snapshot_version(k) for k in self._call(lambda: self.bucket.list(keys.SNAPSHOTS)))
+        found = (object_names.snapshot_version(k) for k in self._call(lambda: self.bucket.list(object_names.SNAPSHOTS)))
         return sorted(v for v in found if v is not None)
 
     def latest_version(self) -> int | None:
@@ -168,11 +168,11 @@ class DeltaStore:
 
     def put_layout(self, layout: ModelLayout) -> None:
         data = canonical_json(layout.to_json())
-        self.create_object(keys.layout(layout.fingerprint), data)
+        self.create_object(object_names.layout(layout.fingerprint), data)
 
     def layout(self, fingerprint: str) -> ModelLayout:
         try:
-            data = self._call(lambda: self.bucket.get(keys.layout(fingerprint)))
+            data = self._call(lambda: self.bucket.get(object_names.layout(fingerprint)))
         except ObjectNotFoundError:
             raise LayoutError(f"layout {fingerprint} is not stored in {self.url}") from None
         try:
@@ -180,27 +180,18 @@ class DeltaStore:
         except ValueError as exc:
             raise LayoutError(f"layout {fingerprint} in {self.url} is malformed: {exc}") from exc
         if layout.fingerprint != fingerprint:
-            raise LayoutError(f"layout document {keys.layout(fingerprint)} hashes to {layout.fingerprint}")
+            raise LayoutError(f"layout document {object_names.layout(fingerprint)} hashes to {layout.fingerprint}")
         return layout
 
-    # --- run record and hints --------------------------------------------------------------------
+    # --- run record --------------------------------------------------------------------
 
     def put_run_info(self, info: dict[str, Any]) -> None:
-        self._call(lambda: self.bucket.put(keys.RUN_INFO, canonical_json(info)))
+        self._call(lambda: self.bucket.put(object_names.RUN_INFO, canonical_json(info)))
 
     def run_info(self) -> dict[str, Any] | None:
         try:
-            return json.loads(self._call(lambda: self.bucket.get(keys.RUN_INFO)))
+            return json.loads(self._call(lambda: self.bucket.get(object_names.RUN_INFO)))
         except ObjectNotFoundError:
-            return None
-
-    def set_latest_hint(self, version: int) -> None:
-        self._call(lambda: self.bucket.put(keys.LATEST_POINTER, canonical_json({"version": version})))
-
-    def latest_hint(self) -> int | None:
-        try:
-            return int(json.loads(self._call(lambda: self.bucket.get(keys.LATEST_POINTER)))["version"])
-        except (ObjectNotFoundError, ValueError, KeyError, TypeError):
             return None
 
     def missing_segments(self, refs: Iterable[SegmentRef]) -> list[SegmentRef]:

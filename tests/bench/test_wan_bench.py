@@ -1,4 +1,4 @@
-"""The WAN benchmark end to end in its quick mode: ``python -m aurora_store.bench wan --quick --json``.
+"""The WAN benchmark end to end in its quick mode: ``python -m benchmarks wan --quick --json``.
 
 Needs root and network namespaces (CI runs as root); skipped with the reason otherwise. The benchmark runs as a
 subprocess in its own session so that a hang can be ended: on timeout it gets SIGTERM (its topology tears itself
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from aurora_store.bench.wan.netns import cleanup_stale, list_netns, run_prefix, unsupported_reason
+from benchmarks.wan.netns import cleanup_stale, list_netns, run_prefix, unsupported_reason
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 420
@@ -41,7 +41,7 @@ def _processes_of(out: Path, prefix: str) -> list[str]:
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if "aurora_store.bench.wan.forwarder" in cmdline and f"--run-id {prefix}" in cmdline:
+            if "benchmarks.wan.forwarder" in cmdline and f"--run-id {prefix}" in cmdline:
                 found.append(f"{entry.name}: {cmdline[:200]}")
                 continue
             for fd in (entry / "fd").iterdir():
@@ -80,7 +80,7 @@ def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-wan")
     stdout, stderr = out / "stdout.json", out / "stderr.log"
     with open(stdout, "wb") as so, open(stderr, "wb") as se:
-        proc = subprocess.Popen([sys.executable, "-m", "aurora_store.bench", "wan", "--quick", "--json",
+        proc = subprocess.Popen([sys.executable, "-m", "benchmarks", "wan", "--quick", "--json",
                                  "--out", str(out)], cwd=REPO, stdout=so, stderr=se, start_new_session=True)
     prefix = run_prefix(proc.pid)
     try:
@@ -171,13 +171,13 @@ TINY = {"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4, "num
 
 
 def test_stage_snapshot_is_the_full_weights_baseline(tmp_path):
-    from aurora_store.bench.synthetic import chained_states
     from aurora_store.codec import ModelLayout, WeightTarget, activate
     from aurora_store.codec.digest import digest_state
     from aurora_store.errors import BaseVersionMismatchError, DigestMismatchError
     from aurora_store.store import DeltaStore
     from aurora_store.store.replay import stage_snapshot
     from aurora_store.store.snapshots import write_snapshot
+    from benchmarks.synthetic import chained_states
 
     layout = ModelLayout.from_config(TINY)
     s0, s1, s2 = chained_states(layout, 2, lr=1e-3)
@@ -215,7 +215,7 @@ def test_servers_started_through_a_launcher():
     """``env`` as the launcher: every probe (ports, readiness, bucket creation) takes the launcher path."""
     import redis
 
-    from aurora_store.localservices import RedisServer, S3Server
+    from aurora_store.testing.servers import RedisServer, S3Server
 
     with RedisServer(launcher=["env"]).start() as server:
         assert server.process.args[0] == "env"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from aurora_store.bench.wan import (
+from benchmarks.wan import (
     LinkSpec,
     NotRootError,
     Shape,
@@ -28,8 +28,8 @@ from aurora_store.bench.wan import (
     get_tcp_congestion,
     set_tcp_congestion,
 )
-from aurora_store.bench.wan.netns import list_netns, owner_pid, unsupported_reason
-from aurora_store.bench.wan.probes import measure_datagram_loss, measure_rtt, measure_throughput
+from benchmarks.wan.netns import list_netns, owner_pid, unsupported_reason
+from benchmarks.wan.probes import measure_datagram_loss, measure_rtt, measure_throughput
 
 REPO = Path(__file__).resolve().parents[2]
 WAN_NET = ipaddress.ip_network("198.18.0.0/15")
@@ -204,7 +204,7 @@ def test_sockets_can_override_the_route_algorithm(topo):
 @needs_netns
 def test_calibration_cli_prints_one_json_object():
     proc = subprocess.run(
-        [sys.executable, "-m", "aurora_store.bench.wan.calibrate", "--rate", "50", "--rtt", "20", "--seconds", "1.5",
+        [sys.executable, "-m", "benchmarks.wan.calibrate", "--rate", "50", "--rtt", "20", "--seconds", "1.5",
          "--streams", "2", "--json"],
         capture_output=True, text=True, timeout=60, cwd=REPO, check=True,
     )
@@ -235,7 +235,7 @@ def test_teardown_when_the_body_raises():
 
 HARNESS = textwrap.dedent("""
     import json, sys, time
-    from aurora_store.bench.wan import LinkSpec, Topology
+    from benchmarks.wan import LinkSpec, Topology
     with Topology({"eu": LinkSpec.symmetric(rtt_ms=10, loss=0.01)}) as t:
         sleeper = t.popen("eu", ["sleep", "60"])
         print(json.dumps({"prefix": t.prefix, "pids": [*t.forwarder_pids(), sleeper.pid]}), flush=True)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from aurora_store.bus import ActorState, ControlPlane, Lease, RolloutResult, VersionEvent, connect
 from aurora_store.bus.streams import parse_autoclaim
 from aurora_store.errors import BusAuthError, BusError
-from aurora_store.localservices import RedisServer, free_port
+from aurora_store.testing.servers import RedisServer, free_port
 
 
 def actor_state(actor_id="a1", version=3, **kw) -> ActorState:

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from aurora_store.cli import main
 from aurora_store.codec import ModelLayout
-from tests.codec.helpers import TINY_QWEN3, perturb, random_state
+from aurora_store.testing.builders import TINY_QWEN3, perturb, random_state
 
 LAYOUT = ModelLayout.from_config(TINY_QWEN3)
 

@@ -18,7 +18,7 @@ from aurora_store.errors import (
     LayoutMismatchError,
     ManifestError,
 )
-from tests.codec.helpers import TINY_QWEN3, blobs, encode, perturb, random_state, target_for
+from aurora_store.testing.builders import TINY_QWEN3, blobs, encode, perturb, random_state, target_for
 
 LAYOUT = ModelLayout.from_config(TINY_QWEN3)
 OLD = random_state(LAYOUT, seed=7)

@@ -9,11 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from aurora_store.bench.synthetic import QWEN3_BENCH_CONFIG, AdamSimulator
 from aurora_store.codec import CodecParams, DeltaManifest, ModelLayout, WeightTarget, apply_delta, digest_state
 from aurora_store.codec.digest import WeightsDigest
 from aurora_store.errors import UnsupportedDtypeError
-from tests.codec.helpers import TINY_QWEN3, blobs, encode, perturb, random_state, target_for
+from aurora_store.testing.builders import TINY_QWEN3, blobs, encode, perturb, random_state, target_for
+from benchmarks.synthetic import QWEN3_BENCH_CONFIG, AdamSimulator
 
 SPECIAL_BITS = [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0x7F81, 0xFFC1, 0x0001, 0x8001, 0x7F7F]  # ±0, ±inf, NaNs…
 

@@ -1,4 +1,4 @@
-"""``python -m aurora_store.bench extract`` on a tiny model: both world sizes measured in one run, one JSON
+"""``python -m benchmarks extract`` on a tiny model: both world sizes measured in one run, one JSON
 object with the ratio and the 8-rank estimate."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from aurora_store.bench import extract
+from benchmarks import extract
 
 pytestmark = pytest.mark.slow
 

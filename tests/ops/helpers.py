@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import torch
 
 from aurora_store.codec import CodecParams, ModelLayout, digest_state, pieces_from_states
-from aurora_store.store import DeltaStore, keys, open_bucket
+from aurora_store.store import DeltaStore, object_names, open_bucket
 from aurora_store.store.publisher import VersionPublisher
 from aurora_store.store.snapshots import write_snapshot
-from tests.codec.helpers import TINY_QWEN3, perturb, random_state
+from aurora_store.testing.builders import TINY_QWEN3, perturb, random_state
 
 LAYOUT = ModelLayout.from_config(TINY_QWEN3)
 
@@ -74,4 +74,4 @@ def all_keys(store: DeltaStore) -> list[str]:
 
 
 def segment_keys(store: DeltaStore, version: int) -> list[str]:
-    return [keys.segment(ref.digest) for ref in store.manifest(version).segments]
+    return [object_names.segment(ref.digest) for ref in store.manifest(version).segments]

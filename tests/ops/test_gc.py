@@ -8,12 +8,11 @@ import json
 import pytest
 import torch
 
-from aurora_store import history
 from aurora_store.cli import main
 from aurora_store.codec import WeightTarget, digest_state
 from aurora_store.ops.gc import ORDER, GcRefusedError, collect_garbage, plan_gc
 from aurora_store.ops.verify import verify_bucket
-from aurora_store.store import DeltaStore, keys, plan_catch_up
+from aurora_store.store import DeltaStore, history, object_names, plan_catch_up
 from aurora_store.store.replay import replay
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
 from tests.ops.helpers import LAYOUT, Run, all_keys, build_bucket, rewrite, segment_keys, segment_of
@@ -49,13 +48,13 @@ def test_keeps_exactly_what_the_retained_chains_need(run, capsys):
     after = set(all_keys(store))
     deleted = before - after
     assert deleted == {d["key"] for d in doc["deletions"]} and doc["deleted"] == len(deleted)
-    assert deleted == ({keys.delta(v) for v in (1, 2, 3)} | old_segments
-                       | {k for k in before if k.startswith(keys.snapshot_dir(0))})
+    assert deleted == ({object_names.delta(v) for v in (1, 2, 3)} | old_segments
+                       | {k for k in before if k.startswith(object_names.snapshot_dir(0))})
     assert doc["bytes_freed"] == sum(d["size"] for d in doc["deletions"]) > 0
     assert kept_segments <= after
     assert store.versions() == [4, 5, 6, 7, 8] and store.snapshot_versions() == [3, 6]
     assert history.load(store).column("version").to_pylist() == list(range(1, 9))  # all history is kept
-    assert keys.layout(LAYOUT.fingerprint) in after
+    assert object_names.layout(LAYOUT.fingerprint) in after
     # every retained snapshot still reaches the latest version, bit for bit
     for snapshot in (3, 6):
         assert_bit_exact(catch_up_from(store, snapshot, 8), run.states[8])
@@ -90,7 +89,7 @@ def test_refuses_when_the_kept_chain_is_broken(run, capsys):
     manifest = run.store.manifest(7)
     forged = manifest.__class__(**{**manifest.__dict__,
                                    "base_weights_digest": str(digest_state(LAYOUT, run.states[2]))})
-    rewrite(run.store, keys.delta(7), forged.to_bytes())
+    rewrite(run.store, object_names.delta(7), forged.to_bytes())
     before = all_keys(run.store)
     assert main(["gc", run.store.url, "--keep-snapshots", "2"]) == 1
     err = capsys.readouterr().err
@@ -104,24 +103,24 @@ def test_refuses_when_the_kept_chain_is_broken(run, capsys):
 
 
 def test_refuses_when_a_kept_segment_is_missing_but_not_for_one_it_deletes(run):
-    run.store.bucket.delete(keys.segment(segment_of(run.store, 2)))  # below the oldest kept snapshot: fine
+    run.store.bucket.delete(object_names.segment(segment_of(run.store, 2)))  # below the oldest kept snapshot: fine
     report = collect_garbage(run.store, 2)
     assert report.plan.removed_deltas == (1, 2, 3)
     assert verify_bucket(DeltaStore(run.store.url)).ok
-    run.store.bucket.delete(keys.segment(segment_of(run.store, 7)))
+    run.store.bucket.delete(object_names.segment(segment_of(run.store, 7)))
     with pytest.raises(GcRefusedError) as refused:
         collect_garbage(DeltaStore(run.store.url), 1)
     assert [(p.code, p.version) for p in refused.value.problems] == [("segment_missing", 7)]
 
 
 def test_orphan_segments_are_kept_unless_pruned(run):
-    data = run.store.get_object(keys.segment(segment_of(run.store, 8))) + b"left over by a crashed publish"
+    data = run.store.get_object(object_names.segment(segment_of(run.store, 8))) + b"left over by a crashed publish"
     name = hashlib.sha256(data).hexdigest()
-    rewrite(run.store, keys.segment(name), data)
+    rewrite(run.store, object_names.segment(name), data)
     assert collect_garbage(run.store, 3).plan.orphan_segments == (name,)
     assert run.store.has_segment(name)
     report = collect_garbage(run.store, 3, prune_orphans=True)
-    assert [d.key for d in report.plan.of_kind("orphan_segment")] == [keys.segment(name)]
+    assert [d.key for d in report.plan.of_kind("orphan_segment")] == [object_names.segment(name)]
     assert not run.store.has_segment(name)
 
 
@@ -131,7 +130,7 @@ def test_bad_arguments(run, capsys):
 
 
 def test_a_gap_below_the_kept_snapshots_is_collected_not_refused(run):
-    run.store.bucket.delete(keys.delta(5))  # versions 0 and 3 can no longer reach the latest
+    run.store.bucket.delete(object_names.delta(5))  # versions 0 and 3 can no longer reach the latest
     report = verify_bucket(DeltaStore(run.store.url))
     assert {(p.code, p.version) for p in report.problems} == {
         ("chain_gap", 6), ("snapshot_stranded", 0), ("snapshot_stranded", 3)}

@@ -20,7 +20,7 @@ from aurora_store.ops.gc import collect_garbage
 from aurora_store.ops.runlog import PREFIX, export_run_log, load_exported
 from aurora_store.ops.verify import verify_bucket
 from aurora_store.store import DeltaStore
-from tests.codec.helpers import TINY_QWEN3, perturb, random_state
+from aurora_store.testing.builders import TINY_QWEN3, perturb, random_state
 from tests.ops.helpers import LAYOUT
 from workers.cluster import ClusterSpec, LocalCluster
 

@@ -8,11 +8,11 @@ import pytest
 
 from aurora_store.bus import ControlPlane
 from aurora_store.errors import FormatError
-from aurora_store.localservices import free_port
 from aurora_store.ops import inspect, plots
 from aurora_store.ops.notebook import figure
 from aurora_store.ops.runlog import PREFIX, decode_entries, export_run_log, load_exported
 from aurora_store.store import DeltaStore
+from aurora_store.testing.servers import free_port
 from tests.ops.helpers import build_bucket
 
 

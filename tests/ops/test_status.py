@@ -8,8 +8,8 @@ import pytest
 
 from aurora_store.bus import ActorState, ControlPlane, RelayState, TrainerState
 from aurora_store.cli import main
-from aurora_store.localservices import free_port
 from aurora_store.ops.status import discover_runs, read_status
+from aurora_store.testing.servers import free_port
 
 RUN = "ops-status"
 

@@ -10,9 +10,9 @@ from aurora_store.cli import main
 from aurora_store.codec import digest_state
 from aurora_store.errors import AuroraError
 from aurora_store.ops.verify import VerifyReport, verify_bucket
-from aurora_store.store import keys
+from aurora_store.store import object_names
 from aurora_store.store.snapshots import write_snapshot
-from tests.codec.helpers import perturb
+from aurora_store.testing.builders import perturb
 from tests.ops.helpers import LAYOUT, build_bucket, flip_bit, rewrite, segment_of, truncate
 
 
@@ -44,7 +44,7 @@ def test_a_published_bucket_is_clean_shallow_and_deep(run, capsys):
 
 def test_missing_segment(run, capsys):
     digest = segment_of(run.store, 4, 1)
-    run.store.bucket.delete(keys.segment(digest))
+    run.store.bucket.delete(object_names.segment(digest))
     code, doc = verify_cli(run.store.url, capsys)
     assert code == 1 and not doc["ok"]
     assert doc["problems"] == [{"code": "segment_missing", "version": 4, "key": digest,
@@ -57,7 +57,7 @@ def test_missing_segment(run, capsys):
 
 def test_bit_flipped_segment_needs_deep(run, capsys):
     digest = segment_of(run.store, 2)
-    flip_bit(run.store, keys.segment(digest))
+    flip_bit(run.store, object_names.segment(digest))
     assert verify_bucket(run.store).ok  # same size: only re-hashing finds it
     code, doc = verify_cli(run.store.url, capsys, "--deep")
     assert code == 1
@@ -74,9 +74,9 @@ def test_on_the_real_s3_server(s3_bucket_url, capsys):
     code, doc = verify_cli(s3_bucket_url, capsys)
     assert (code, doc["problems"], doc["checked"]["deltas"]) == (0, [], 4)
     missing, flipped, short = segment_of(run.store, 1), segment_of(run.store, 3), segment_of(run.store, 4)
-    run.store.bucket.delete(keys.segment(missing))
-    flip_bit(run.store, keys.segment(flipped))
-    truncate(run.store, keys.segment(short))
+    run.store.bucket.delete(object_names.segment(missing))
+    flip_bit(run.store, object_names.segment(flipped))
+    truncate(run.store, object_names.segment(short))
     code, doc = verify_cli(s3_bucket_url, capsys)
     assert code == 1
     assert {(p["code"], p["version"], p["key"]) for p in doc["problems"]} == {
@@ -88,7 +88,7 @@ def test_on_the_real_s3_server(s3_bucket_url, capsys):
 
 def test_truncated_segment(run):
     digest = segment_of(run.store, 5)
-    truncate(run.store, keys.segment(digest), drop=7)
+    truncate(run.store, object_names.segment(digest), drop=7)
     report = verify_bucket(run.store)
     assert [(p.code, p.version, p.key) for p in report.problems] == [("segment_size", 5, digest)]
     size = run.store.manifest(5).segments[0].size
@@ -100,7 +100,7 @@ def test_broken_chain(tmp_path):
     manifest = run.store.manifest(5)
     wrong = str(digest_state(LAYOUT, run.states[3]))
     forged = manifest.__class__(**{**manifest.__dict__, "base_weights_digest": wrong})
-    rewrite(run.store, keys.delta(5), forged.to_bytes())
+    rewrite(run.store, object_names.delta(5), forged.to_bytes())
     report = verify_bucket(run.store)
     assert codes(report) == {("chain_digest", 5)}
     problem = report.problems[0]
@@ -112,18 +112,18 @@ def test_broken_chain(tmp_path):
 
 def test_manifest_under_the_wrong_version_name(tmp_path, capsys):
     run = build_bucket(str(tmp_path / "bucket"))
-    rewrite(run.store, keys.delta(4), run.store.manifest_bytes(5))
+    rewrite(run.store, object_names.delta(4), run.store.manifest_bytes(5))
     code, doc = verify_cli(run.store.url, capsys)
     assert code == 1
     assert [(p["code"], p["version"], p["key"]) for p in doc["problems"]] == [
-        ("manifest_wrong_version", 4, keys.delta(4))]
+        ("manifest_wrong_version", 4, object_names.delta(4))]
     assert "declares version 5" in doc["problems"][0]["message"]
 
 
 def test_snapshot_inconsistent_with_the_chain(tmp_path):
     run = build_bucket(str(tmp_path / "bucket"))
     other = perturb(run.states[3], 0.01, 999)  # a self-consistent snapshot of the wrong weights
-    run.store.bucket.delete(keys.snapshot_manifest(3))
+    run.store.bucket.delete(object_names.snapshot_manifest(3))
     write_snapshot(run.store, 3, other, LAYOUT, digest_state(LAYOUT, other), extra_files={"config.json": b"{}"})
     shallow = verify_bucket(run.store)
     assert codes(shallow) == {("snapshot_digest", 3)}

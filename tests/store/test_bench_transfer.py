@@ -1,4 +1,4 @@
-"""``python -m aurora_store.bench transfer``: one JSON object comparing 1 vs S streams on the local S3 server and
+"""``python -m benchmarks transfer``: one JSON object comparing 1 vs S streams on the local S3 server and
 a directory (tiny sizes here: the test checks the benchmark runs through the real code paths, not speed)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.s3
 def test_transfer_bench_prints_one_json_object_for_both_stores():
-    proc = subprocess.run([sys.executable, "-m", "aurora_store.bench", "transfer", "--json", "--mb", "2",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "transfer", "--json", "--mb", "2",
                            "--segment-mb", "1", "--streams", "1,2", "--repeats", "1"],
                           cwd=REPO, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -33,13 +33,13 @@ def test_transfer_bench_prints_one_json_object_for_both_stores():
 
 
 def test_bad_stream_counts_are_a_clear_error():
-    proc = subprocess.run([sys.executable, "-m", "aurora_store.bench", "transfer", "--streams", "0"],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "transfer", "--streams", "0"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2  # a usage error, before any server starts
     assert "argument --streams: needs positive counts" in proc.stderr
 
 
 def test_unknown_benchmark_is_rejected_by_the_parser():
-    proc = subprocess.run([sys.executable, "-m", "aurora_store.bench", "nope"], cwd=REPO, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "nope"], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2 and "invalid choice" in proc.stderr

@@ -17,7 +17,7 @@ from aurora_store.errors import VersionExistsError
 from aurora_store.store import DeltaStore, open_bucket, plan_catch_up
 from aurora_store.store.replay import replay
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest, write_snapshot
-from tests.store.helpers import publish
+from aurora_store.testing.builders import publish
 
 LAYOUT = ModelLayout.identity({"w": torch.zeros(64, dtype=torch.bfloat16), "b": torch.zeros(8, dtype=torch.bfloat16)})
 

@@ -10,18 +10,16 @@ import uuid
 import pytest
 import torch
 
-from aurora_store import history
 from aurora_store.codec import DeltaManifest, ModelLayout, WeightTarget, apply_delta, digest_state
 from aurora_store.errors import (
     IntegrityError,
     VersionExistsError,
     VersionNotFoundError,
 )
-from aurora_store.store import DeltaStore, keys, open_bucket
+from aurora_store.store import DeltaStore, history, object_names, open_bucket
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest, write_snapshot
 from aurora_store.store.transfer import fetch_segments
-from tests.codec.helpers import TINY_QWEN3, perturb, random_state
-from tests.store.helpers import publish
+from aurora_store.testing.builders import TINY_QWEN3, perturb, publish, random_state
 
 LAYOUT = ModelLayout.from_config(TINY_QWEN3)
 
@@ -102,7 +100,7 @@ def test_manifest_is_written_after_all_segments(store):
     seen_manifest_early = []
 
     def on_segment(ref):
-        seen_manifest_early.append(store.bucket.exists(keys.delta(1)))
+        seen_manifest_early.append(store.bucket.exists(object_names.delta(1)))
 
     report = publish(store, LAYOUT, states[0], states[1], 1, digest_state(LAYOUT, states[0]), on_segment=on_segment)
     assert report.segments > 1 and len(seen_manifest_early) == report.segments
@@ -114,12 +112,12 @@ def test_bit_flipped_segment_in_bucket_raises_integrity_error(store):
     states = chain(1)
     report = publish(store, LAYOUT, states[0], states[1], 1, digest_state(LAYOUT, states[0]))
     ref = report.manifest.segments[0]
-    data = bytearray(store.bucket.get(keys.segment(ref.digest)))
+    data = bytearray(store.bucket.get(object_names.segment(ref.digest)))
     data[10] ^= 0xFF
-    store.bucket.put(keys.segment(ref.digest), bytes(data))
+    store.bucket.put(object_names.segment(ref.digest), bytes(data))
     with pytest.raises(IntegrityError):
         store.get_segment(ref)
-    store.bucket.put(keys.segment(ref.digest), bytes(data[:-5]))  # truncated upload
+    store.bucket.put(object_names.segment(ref.digest), bytes(data[:-5]))  # truncated upload
     with pytest.raises(IntegrityError):
         list(fetch_segments(store, report.manifest.segments))
 
@@ -128,7 +126,7 @@ def test_manifest_naming_a_missing_segment_is_detected(store):
     states = chain(1)
     report = publish(store, LAYOUT, states[0], states[1], 1, digest_state(LAYOUT, states[0]))
     victim = report.manifest.segments[-1]
-    store.bucket.delete(keys.segment(victim.digest))
+    store.bucket.delete(object_names.segment(victim.digest))
     assert store.missing_segments(report.manifest.segments) == [victim]
     with pytest.raises(FileNotFoundError):
         list(fetch_segments(store, report.manifest.segments))
@@ -139,7 +137,7 @@ def test_unknown_version_and_replayed_manifest_under_a_new_name(store):
     report = publish(store, LAYOUT, states[0], states[1], 1, digest_state(LAYOUT, states[0]))
     with pytest.raises(VersionNotFoundError):
         store.manifest(7)
-    store.bucket.put(keys.delta(7), report.manifest.to_bytes())  # version 1's manifest renamed
+    store.bucket.put(object_names.delta(7), report.manifest.to_bytes())  # version 1's manifest renamed
     from aurora_store.errors import ManifestError
 
     with pytest.raises(ManifestError, match="version 1"):
@@ -159,9 +157,9 @@ def test_snapshot_roundtrip_and_tamper_detection(store):
     assert store.snapshot_versions() == [5]
     assert store.latest_version() == 5
     name = manifest.weight_files[0]
-    blob = bytearray(store.bucket.get(keys.snapshot_dir(5) + name))
+    blob = bytearray(store.bucket.get(object_names.snapshot_dir(5) + name))
     blob[-1] ^= 1
-    store.bucket.put(keys.snapshot_dir(5) + name, bytes(blob))
+    store.bucket.put(object_names.snapshot_dir(5) + name, bytes(blob))
     with pytest.raises(IntegrityError):
         load_snapshot(store, 5, LAYOUT)
 

@@ -11,11 +11,11 @@ import torch
 from aurora_store.cli import main
 from aurora_store.codec import ModelLayout, WeightTarget, digest_state
 from aurora_store.errors import ConfigError, ManifestError, SignatureError
-from aurora_store.store import DeltaStore, keys, open_bucket
+from aurora_store.store import DeltaStore, object_names, open_bucket
 from aurora_store.store.replay import stage_version
 from aurora_store.store.snapshots import read_snapshot_manifest, write_snapshot
+from aurora_store.testing.builders import TINY_QWEN3, perturb, random_state
 from aurora_store.trust import Signer, Verifier, generate_keypair, key_id, write_keypair
-from tests.codec.helpers import TINY_QWEN3, perturb, random_state
 
 LAYOUT = ModelLayout.from_config(TINY_QWEN3)
 
@@ -41,19 +41,11 @@ def signed_store(keypair):
 
 
 def encoder_publish(store, old, new, version, signer):
-    from aurora_store.codec import CodecParams, DeltaEncoder, DeltaManifest, pieces_from_states
-    from aurora_store.store.transfer import publish_delta
+    from aurora_store.codec import CodecParams, pieces_from_states
+    from aurora_store.store.publisher import VersionPublisher
 
-    base = digest_state(LAYOUT, old)
-    encoder = DeltaEncoder(LAYOUT, CodecParams(segment_bytes=4096))
-
-    def make(summary, refs):
-        return signer(DeltaManifest(version=version, base_version=version - 1, layout_fingerprint=LAYOUT.fingerprint,
-                                    codec=encoder.params, segments=refs, changed=summary.changed,
-                                    elements=LAYOUT.numel, base_weights_digest=str(base),
-                                    weights_digest=str(base + summary.digest_delta)))
-
-    return publish_delta(store, encoder, pieces_from_states(LAYOUT, old, new), make)
+    publisher = VersionPublisher(store, LAYOUT, CodecParams(segment_bytes=4096), sign=signer, record_history=False)
+    return publisher.publish(version, version - 1, digest_state(LAYOUT, old), pieces_from_states(LAYOUT, old, new))
 
 
 def test_sign_verify_roundtrip_for_delta_and_snapshot_manifests(signed_store, keypair):
@@ -88,10 +80,10 @@ def test_refused_before_any_segment_is_downloaded_and_weights_untouched(signed_s
     target = WeightTarget.from_state(LAYOUT, {k: v.clone() for k, v in states[1].items()}, version=1)
     before = target.digest
     forged = dataclasses.replace(store.manifest(2), producer={"who": "relay"})  # signature no longer covers it
-    store.bucket.delete(keys.delta(2))
-    store.bucket.create(keys.delta(2), forged.to_bytes())
+    store.bucket.delete(object_names.delta(2))
+    store.bucket.create(object_names.delta(2), forged.to_bytes())
     for ref in forged.segments:  # had anything been fetched, this would be a missing-segment error instead
-        store.bucket.delete(keys.segment(ref.digest))
+        store.bucket.delete(object_names.segment(ref.digest))
     with pytest.raises(SignatureError):
         stage_version(DeltaStore(store.bucket), 2, target, verify_manifest=verify)
     assert target.version == 1 and target.digest == before == target.full_digest()
@@ -100,7 +92,7 @@ def test_refused_before_any_segment_is_downloaded_and_weights_untouched(signed_s
 def test_replayed_signed_manifest_under_a_new_version_name_is_refused(signed_store, keypair):
     store, states = signed_store
     _, verify = keypair
-    store.bucket.put(keys.delta(4), store.manifest_bytes(2))
+    store.bucket.put(object_names.delta(4), store.manifest_bytes(2))
     target = WeightTarget.from_state(LAYOUT, {k: v.clone() for k, v in states[3].items()}, version=3)
     with pytest.raises(ManifestError, match="version 2"):
         stage_version(DeltaStore(store.bucket), 4, target, verify_manifest=verify)
@@ -131,7 +123,7 @@ def test_aurora_verify_checks_signatures(signed_store, keypair, tmp_path, capsys
     url = store.url
     assert main(["verify", url, "--public-key", str(pub)]) == 0
     forged = dataclasses.replace(store.manifest(3), producer={"who": "relay"})
-    store.bucket.put(keys.delta(3), forged.to_bytes())
+    store.bucket.put(object_names.delta(3), forged.to_bytes())
     capsys.readouterr()
     assert main(["verify", url, "--public-key", str(pub)]) == 1
     assert "3" in capsys.readouterr().out

@@ -11,7 +11,7 @@ import pytest
 from aurora_store.bus import VersionEvent
 from aurora_store.codec import CodecParams, DeltaEncoder, DeltaManifest, WeightTarget, pieces_from_states
 from aurora_store.codec.layout import bits_view
-from aurora_store.store import keys, plan_catch_up
+from aurora_store.store import object_names, plan_catch_up
 from aurora_store.store.replay import replay
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
 from workers.cluster import ClusterSpec, LocalCluster
@@ -62,7 +62,8 @@ class ForgingRelay(Relay):
         self.forwarded.add(version)
         self.forged.append(version)
         self.plane.announce(VersionEvent("staged", version, self.config.region, base=version - 1,
-                                         manifest_key=keys.delta(version), weights_digest=forged.weights_digest))
+                                         manifest_key=object_names.delta(version),
+                                         weights_digest=forged.weights_digest))
 
 
 def test_forged_deltas_are_refused_and_the_run_continues_from_the_source(tmp_path):

@@ -15,12 +15,10 @@ import torch
 from aurora_store.codec import ModelLayout, WeightsDigest, digest_state
 from aurora_store.store import DeltaStore, open_bucket
 from aurora_store.store.snapshots import load_snapshot, write_snapshot
-from tests.store.helpers import publish
+from aurora_store.testing.builders import publish
+from tests.vllm.helpers import CHAIN
 from workers.rl.model import DEFAULT_CONFIG, build_model, side_files, warm_start
 from workers.rl.task import AdditionTask, build_tokenizer
-
-#: Versions published after the snapshot (v0).
-CHAIN = 6
 
 
 @dataclass

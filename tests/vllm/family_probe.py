@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from aurora_store.codec import ModelLayout, activate, digest_state, stage
 from aurora_store.codec.layout import bits_view
-from tests.codec.helpers import blobs, encode
+from aurora_store.testing.builders import blobs, encode
 from workers.rl.model import DEFAULT_CONFIG, build_model, side_files
 from workers.rl.task import build_tokenizer
 

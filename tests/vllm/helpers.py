@@ -13,6 +13,9 @@ from aurora_store.codec.layout import ModelLayout, bits_view
 from aurora_store.store.replay import stage_version
 from workers.rl.model import load_model
 
+#: Versions published after the snapshot (v0) in the session's published run (see conftest).
+CHAIN = 6
+
 SHORT = ["12+7=", "3+45=", "20+20=", "9+9=", "31+8=", "0+0=", "44+5=", "17+26="]
 #: Longer than one KV block (the engine fixture uses 32-token blocks): their first block is cached at v0 and
 #: must not be reused once the weights changed.

@@ -20,9 +20,9 @@ from aurora_store.errors import (
 )
 from aurora_store.store import DeltaStore, open_bucket
 from aurora_store.store.snapshots import read_snapshot_manifest
-from tests.store.helpers import publish
-from tests.vllm.conftest import CHAIN
+from aurora_store.testing.builders import publish
 from tests.vllm.helpers import (
+    CHAIN,
     MAX_NEW,
     PROMPTS,
     apply_chain,

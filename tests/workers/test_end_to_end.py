@@ -198,7 +198,7 @@ def test_actors_leave_gracefully_on_sigterm(run):
 
 
 def test_history_records_every_version(run):
-    from aurora_store import history
+    from aurora_store.store import history
 
     table = history.load(DeltaStore(open_bucket(run["cluster"].buckets["us-east"])))
     assert table.column("version").to_pylist() == list(range(1, STEPS + 1))

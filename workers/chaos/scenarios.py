@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from aurora_store.localservices import S3Server, environment
-from aurora_store.store import DeltaStore, keys, open_bucket
+from aurora_store.store import DeltaStore, object_names, open_bucket
 from aurora_store.store.snapshots import read_snapshot_manifest
+from aurora_store.testing.servers import S3Server, environment
 from workers.chaos.faultproxy import FaultProxy, FaultRates
 from workers.chaos.harness import (
     ScenarioResult,
@@ -311,7 +311,7 @@ def flaky_storage(run_dir: Path, quick: bool) -> ScenarioResult:
                 cluster.wait_for(lambda: target_version in regional.versions(), 90, "relay forwarding")
                 manifest = regional.manifest(target_version)
                 victim = manifest.segments[0]
-                path = Path(cluster.buckets["eu-west"]) / keys.segment(victim.digest)
+                path = Path(cluster.buckets["eu-west"]) / object_names.segment(victim.digest)
                 blob = bytearray(path.read_bytes())
                 blob[len(blob) // 2] ^= 0x40
                 path.write_bytes(bytes(blob))

@@ -23,7 +23,7 @@ from aurora_store.codec.manifest import DeltaManifest, SegmentRef
 from aurora_store.config import TransferSettings
 from aurora_store.errors import AuroraError, ObjectNotFoundError, VersionExistsError
 from aurora_store.metrics import Metrics
-from aurora_store.store import DeltaStore, keys, open_bucket
+from aurora_store.store import DeltaStore, object_names, open_bucket
 from aurora_store.store.snapshots import read_snapshot_manifest
 from aurora_store.trust import Verifier
 from workers.relay.cli import RelayConfig, parse_args
@@ -166,7 +166,8 @@ class Relay:
         self.metrics.version_published.set(self.version)
         self.metrics.publish_seconds.observe(time.perf_counter() - started)
         self.plane.announce(VersionEvent("staged", version, self.config.region, base=manifest.base_version,
-                                         manifest_key=keys.delta(version), weights_digest=manifest.weights_digest,
+                                         manifest_key=object_names.delta(version),
+                                         weights_digest=manifest.weights_digest,
                                          sent_ms=self.plane.now_ms()))
         self.plane.log_event("relay_forward", region=self.config.region, version=version,
                              bytes=manifest.segment_bytes, segments=len(manifest.segments))
@@ -180,7 +181,7 @@ class Relay:
         if self.verify_manifest is not None:
             self.verify_manifest(manifest)
         for entry in manifest.files:
-            key = keys.snapshot_dir(version) + entry.name
+            key = object_names.snapshot_dir(version) + entry.name
             if self.dest.bucket.exists(key) and self.dest.bucket.size(key) == entry.size:
                 continue
             data = self.source.get_object(key)
@@ -190,11 +191,11 @@ class Relay:
             self.dest.put_object(key, data)
             self.progress_at = time.monotonic()
         self.dest.put_layout(self.source.layout(manifest.layout_fingerprint))
-        raw = self.source.get_object(keys.snapshot_manifest(version))
-        self.dest.create_object(keys.snapshot_manifest(version), raw, error=VersionExistsError)
+        raw = self.source.get_object(object_names.snapshot_manifest(version))
+        self.dest.create_object(object_names.snapshot_manifest(version), raw, error=VersionExistsError)
         self.snapshots.add(version)
         self.plane.announce(VersionEvent("snapshot", version, self.config.region,
-                                         manifest_key=keys.snapshot_manifest(version),
+                                         manifest_key=object_names.snapshot_manifest(version),
                                          weights_digest=manifest.weights_digest))
 
     def _send_commits(self) -> None:

@@ -23,8 +23,7 @@ from aurora_store.codec.digest import WeightsDigest
 from aurora_store.codec.manifest import SegmentRef
 from aurora_store.codec.sharding import DeltaPart, LocalRows, row_pieces
 from aurora_store.errors import AuroraError
-from aurora_store.store.publisher import VersionPublisher
-from aurora_store.store.transfer import PublishReport
+from aurora_store.store.publisher import PublishReport, VersionPublisher
 from workers.trainer.ranks import RankAborted, Ranks
 
 

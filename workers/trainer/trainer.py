@@ -40,7 +40,7 @@ from aurora_store.config import TransferSettings
 from aurora_store.errors import AuroraError, ConfigError, DigestMismatchError
 from aurora_store.metrics import Metrics
 from aurora_store.sched import LeasePolicy, Prompt, StepLedger
-from aurora_store.store import DeltaStore, keys, open_bucket
+from aurora_store.store import DeltaStore, object_names, open_bucket
 from aurora_store.store.publisher import VersionPublisher, utc_now
 from aurora_store.store.snapshots import read_snapshot_manifest
 from aurora_store.trust import Signer
@@ -257,7 +257,7 @@ class Trainer:
                 self.plane.log_event("publish_ranks", version=version, metadata_bytes=outcome.metadata_bytes,
                                      ranks=[t.to_json() for t in outcome.ranks])
             self.plane.announce(VersionEvent("staged", version, self.config.region, base=version - 1,
-                                             manifest_key=keys.delta(version), weights_digest=str(self.digest),
+                                             manifest_key=object_names.delta(version), weights_digest=str(self.digest),
                                              sent_ms=self.plane.now_ms()))
         if self.config.snapshot_every and version % self.config.snapshot_every == 0:
             self._snapshot(version)
@@ -275,7 +275,7 @@ class Trainer:
                                created_at=utc_now(), producer={"run": self.config.run}, sign=self.sign)
         if self.ranks.leader:
             self.plane.announce(VersionEvent("snapshot", version, self.config.region,
-                                             manifest_key=keys.snapshot_manifest(version),
+                                             manifest_key=object_names.snapshot_manifest(version),
                                              weights_digest=str(self.digest)))
 
     def _announce_state(self, status: str = "running") -> None:

@@ -1,0 +1,257 @@
+"""``python -m benchmarks extract``: per-step extraction + upload time of a sharded trainer, 1 vs N
+ranks on the same model and the same Adam-step updates, measured in one run.
+
+Each rank is a real process (gloo process group) that holds only its ``torch.chunk``-style dim-0 rows of the
+fp32 master weights of every version, as an FSDP2 rank does. One timed step is what the trainer's publish
+does per rank: cast its rows to bf16, diff them against the rows it published last, encode them as pieces
+of the fused layout and upload its segments over its own streams; then the small per-rank metadata is
+gathered and rank 0 writes the manifest. The step's wall time is rank 0's, from a barrier to the manifest.
+Every rank runs one torch thread (torchrun's default), so per-rank throughput is per core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aurora_store.codec import CodecParams, ModelLayout
+from aurora_store.codec.digest import ZERO, WeightsDigest
+from aurora_store.codec.sharding import DeltaPart, LocalRows, even_rows, row_pieces, rows_digest
+from benchmarks.synthetic import QWEN3_BENCH_CONFIG, AdamSimulator
+
+#: Qwen3-8B (36 layers, hidden 4096, 32/8 heads of 128, MLP 12288, vocab 151936, untied).
+QWEN3_8B_CONFIG: dict[str, Any] = {
+    "model_type": "qwen3", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "head_dim": 128, "intermediate_size": 12288, "num_hidden_layers": 36, "vocab_size": 151936,
+    "tie_word_embeddings": False,
+}
+
+
+def _versions(layout: ModelLayout, steps: int, lr: float, warmup: int, directory: Path) -> list[Path]:
+    """fp32 master weights of versions 0..steps (Adam steps at a small lr), one safetensors file each."""
+    from safetensors.torch import save_file
+
+    sim = AdamSimulator(layout, lr=lr)
+    for _ in range(warmup):
+        sim.step()
+    paths = []
+    for version in range(steps + 1):
+        if version:
+            sim.step()
+        path = directory / f"master-{version}.safetensors"
+        save_file({k: v.contiguous() for k, v in sim.master.items()}, str(path))
+        paths.append(path)
+    return paths
+
+
+def _rows(layout: ModelLayout, path: Path, rank: int, world: int) -> dict[str, torch.Tensor]:
+    """This rank's rows of every training tensor, read without loading the others' (a rank never has them)."""
+    from safetensors import safe_open
+
+    out = {}
+    with safe_open(str(path), "pt") as f:
+        for name in layout.train_names:
+            piece = f.get_slice(name)
+            start, stop = even_rows(piece.get_shape()[0], rank, world)
+            out[name] = piece[start:stop].contiguous()
+    return out
+
+
+def _rank_main(rank: int, world: int, spec: dict[str, Any]) -> None:
+    """One rank of one world size (runs in a spawned process)."""
+    import torch.distributed as dist
+
+    from aurora_store.store import DeltaStore
+    from aurora_store.store.publisher import VersionPublisher
+
+    torch.set_num_threads(1)
+    os.environ.update(spec.get("env", {}))
+    dist.init_process_group("gloo", init_method=spec["init"], rank=rank, world_size=world)
+    try:
+        layout = ModelLayout.from_config(spec["config"])
+        masters = [_rows(layout, Path(p), rank, world) for p in spec["versions"]]
+        starts = {n: even_rows(layout.locate(n)[1].rows, rank, world)[0] for n in layout.train_names}
+
+        def cast(master: dict[str, torch.Tensor]) -> dict[str, LocalRows]:
+            return {n: LocalRows(n, starts[n], t.to(torch.bfloat16).contiguous()) for n, t in master.items()}
+
+        store = DeltaStore(spec["bucket"], create=True)
+        with ThreadPoolExecutor(spec["streams"]) as pool:  # warm connections, as a trainer's are after step 1
+            list(pool.map(lambda i: store.put_object(f"bench/warmup-{rank}-{i}", b"x"), range(spec["streams"])))
+        publisher = VersionPublisher(store, layout, CodecParams(segment_bytes=spec["segment_bytes"]),
+                                     spec["streams"])
+        published = cast(masters[0])
+        contributions: list[str | None] = [None] * world if rank == 0 else None
+        dist.gather_object(str(rows_digest(layout, published)), contributions, dst=0)
+        digest = sum((WeightsDigest.parse(c) for c in contributions), ZERO) if rank == 0 else ZERO
+        steps = []
+        for version in range(1, len(masters)):
+            dist.barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+            new = cast(masters[version])
+            cast_s = time.perf_counter() - t0
+            part, upload = publisher.upload_part(row_pieces(layout, published, new))
+            mine = {"part": part.to_json(), "cast_s": cast_s, "encode_s": upload.encode_s,
+                    "upload_s": upload.upload_s, "rank_s": time.perf_counter() - t0,
+                    "rank_cpu_s": time.process_time() - c0, "rows_elements": part.elements,
+                    "segment_bytes": upload.segment_bytes}
+            gathered: list[str | None] | None = [None] * world if rank == 0 else None
+            text = json.dumps(mine)
+            dist.gather_object(text, gathered, dst=0)
+            if rank == 0:
+                docs = [json.loads(t) for t in gathered]
+                report = publisher.publish_parts(version, version - 1, digest,
+                                                 [DeltaPart.from_json(d["part"]) for d in docs], started=t0)
+                digest = WeightsDigest.parse(report.manifest.weights_digest)
+            ack = [str(digest) if rank == 0 else None]
+            dist.broadcast_object_list(ack, src=0)
+            wall = time.perf_counter() - t0
+            published = new
+            if rank == 0:
+                steps.append({"wall_s": wall, "metadata_bytes": sum(len(t) for t in gathered),
+                              "changed": report.manifest.changed_total, "delta_bytes": report.total_bytes,
+                              "ranks": [{k: d[k] for k in ("cast_s", "encode_s", "upload_s", "rank_s", "rank_cpu_s",
+                                                           "rows_elements", "segment_bytes")} for d in docs]})
+        if rank == 0:
+            Path(spec["result"]).write_text(json.dumps(steps))
+    finally:
+        dist.destroy_process_group()
+
+
+def _measure(world: int, spec: dict[str, Any], work: Path, tag: str) -> list[dict[str, Any]]:
+    import torch.multiprocessing as mp
+
+    spec = {**spec, "init": f"file://{work}/pg-{tag}", "result": str(work / f"result-{tag}.json")}
+    mp.spawn(_rank_main, args=(world, spec), nprocs=world, join=True)
+    return json.loads(Path(spec["result"]).read_text())
+
+
+def _summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    ranks = len(steps[0]["ranks"])
+    per_rank = [statistics.median(s["ranks"][r]["rank_s"] for s in steps) for r in range(ranks)]
+    cpu = [statistics.median(s["ranks"][r]["rank_cpu_s"] for s in steps) for r in range(ranks)]
+    elements = [steps[0]["ranks"][r]["rows_elements"] for r in range(ranks)]
+    return {
+        "ranks": ranks, "steps": len(steps),
+        "wall_s": statistics.median(s["wall_s"] for s in steps),
+        "wall_s_each": [round(s["wall_s"], 4) for s in steps],
+        "rank_s": per_rank,
+        "rank_cast_s": [statistics.median(s["ranks"][r]["cast_s"] for s in steps) for r in range(ranks)],
+        "rank_encode_s": [statistics.median(s["ranks"][r]["encode_s"] for s in steps) for r in range(ranks)],
+        "rank_upload_s": [statistics.median(s["ranks"][r]["upload_s"] for s in steps) for r in range(ranks)],
+        "rank_elements": elements,
+        "rank_elements_per_s": [e / t for e, t in zip(elements, per_rank)],
+        "rank_cpu_s": cpu,
+        "rank_elements_per_cpu_s": [e / t for e, t in zip(elements, cpu)],
+        "metadata_bytes": statistics.median(s["metadata_bytes"] for s in steps),
+        "changed": statistics.median(s["changed"] for s in steps),
+        "delta_bytes": statistics.median(s["delta_bytes"] for s in steps),
+    }
+
+
+def run(config: dict[str, Any] | None = None, *, worlds: tuple[int, ...] = (1, 2), steps: int = 3, rounds: int = 2,
+        lr: float = 1e-6, warmup: int = 2, streams: int = 4, segment_bytes: int = 4 << 20,
+        bucket: str | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Measure every world size in ``worlds`` on the same versions, alternating world sizes for ``rounds``
+    rounds so that load drifting on a shared machine hits all of them alike. ``bucket`` is a URL prefix
+    (default: a fresh local directory); every (world size, round) publishes into its own sub-bucket."""
+    config = config or QWEN3_BENCH_CONFIG
+    layout = ModelLayout.from_config(config)
+    with tempfile.TemporaryDirectory(prefix="aurora-bench-extract-") as tmp:
+        work = Path(tmp)
+        t0 = time.perf_counter()
+        versions = _versions(layout, steps, lr, warmup, work)
+        prepare_s = time.perf_counter() - t0
+        measured: dict[int, list[dict[str, Any]]] = {w: [] for w in worlds}
+        for round_ in range(rounds):
+            for world in worlds:
+                tag = f"w{world}-r{round_}"
+                url = str(work / f"bucket-{tag}")
+                if bucket:
+                    base, _, query = bucket.partition("?")
+                    url = f"{base.rstrip('/')}/{tag}" + (f"?{query}" if query else "")
+                spec = {"config": config, "versions": [str(p) for p in versions], "bucket": url,
+                        "streams": streams, "segment_bytes": segment_bytes, "env": env or {}}
+                measured[world] += _measure(world, spec, work, tag)
+        results = {world: _summary(steps_) for world, steps_ in measured.items()}
+    base = results[worlds[0]]
+    out: dict[str, Any] = {
+        "bench": "extract",
+        "model": {"config": config, "parameters": layout.numel, "bf16_bytes": layout.nbytes},
+        "lr": lr, "steps": steps, "rounds": rounds, "streams_per_rank": streams, "segment_bytes": segment_bytes,
+        "bucket": "s3" if bucket and bucket.startswith("s3://") else "local-directory",
+        "cpu_cores": os.cpu_count(), "load_average": os.getloadavg()[0], "torch_threads_per_rank": 1,
+        "prepare_s": prepare_s, "density": base["changed"] / layout.numel,
+        "worlds": {str(w): r for w, r in results.items()},
+    }
+    for world in worlds[1:]:
+        # wall: what this machine delivered; cpu: what it would with a free core per rank (the slowest rank's
+        # CPU seconds per step — on a shared box the wall ratio also measures the other tenants)
+        out[f"speedup_{worlds[0]}_to_{world}"] = base["wall_s"] / results[world]["wall_s"]
+        out[f"cpu_speedup_{worlds[0]}_to_{world}"] = max(base["rank_cpu_s"]) / max(results[world]["rank_cpu_s"])
+    out["estimate_8_ranks_qwen3_8b"] = estimate(results[max(worlds)], 8, ModelLayout.from_config(QWEN3_8B_CONFIG))
+    return out
+
+
+def estimate(measured: dict[str, Any], ranks: int, layout: ModelLayout) -> dict[str, Any]:
+    """Per-step publish time for ``ranks`` ranks on ``layout`` from the measured per-rank throughput: ranks run
+    in parallel on their own cores and streams, so a step takes one rank's share at that rate plus the
+    metadata gather and manifest (as measured: wall minus the slowest rank). ``step_s`` uses the wall-clock
+    rate measured here (pessimistic on a contended machine), ``step_cpu_s`` the rate per CPU second (a
+    dedicated core per rank)."""
+    rate = min(measured["rank_elements_per_s"])  # the slowest rank's elements per second
+    cpu_rate = min(measured["rank_elements_per_cpu_s"])
+    share = layout.numel / ranks
+    overhead = max(measured["wall_s"] - max(measured["rank_s"]), 0.0)
+    return {"parameters": layout.numel, "ranks": ranks, "elements_per_rank": share,
+            "rank_elements_per_s": rate, "rank_s": share / rate, "overhead_s": overhead,
+            "step_s": share / rate + overhead,
+            "rank_elements_per_cpu_s": cpu_rate, "step_cpu_s": share / cpu_rate + overhead,
+            "formula": "step_s = parameters / ranks / rank_elements_per_s + overhead_s"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
+    parser.add_argument("--ranks", default="1,2", help="world sizes to compare, e.g. 1,2")
+    parser.add_argument("--steps", type=int, default=3, help="timed publish steps per world size and round")
+    parser.add_argument("--rounds", type=int, default=2, help="alternate the world sizes this many times")
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--streams", type=int, default=4, help="upload streams per rank")
+    parser.add_argument("--segment-bytes", type=int, default=4 << 20)
+    parser.add_argument("--small", action="store_true", help="a ~20M-parameter model (quick check)")
+    parser.add_argument("--s3", action="store_true", help="upload to the local S3 server instead of a directory")
+
+
+def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    config = dict(QWEN3_BENCH_CONFIG)
+    if args.small:
+        config.update(num_hidden_layers=1, vocab_size=4096)
+    return main(config, args)
+
+
+def main(config: dict[str, Any], args) -> dict[str, Any]:
+    """The ``extract`` subcommand: parse world sizes, optionally start the local S3 server, run."""
+    worlds = tuple(sorted({int(w) for w in str(args.ranks).split(",") if w.strip()}))
+    if not worlds or min(worlds) < 1:
+        raise ValueError(f"--ranks needs positive world sizes, got {args.ranks!r}")
+    common = {"worlds": worlds, "steps": args.steps, "rounds": args.rounds, "lr": args.lr, "streams": args.streams,
+              "segment_bytes": args.segment_bytes}
+    if not args.s3:
+        return run(config, **common)
+    from aurora_store.testing.servers import S3Server
+
+    server = S3Server().start()
+    try:
+        server.create_bucket("bench-extract")
+        return run(config, bucket=server.bucket_url("bench-extract"), env=server.env(), **common)
+    finally:
+        server.stop()

@@ -1,0 +1,275 @@
+"""Parts 1–4: delivery of one version to the remote region, measured by agents in the namespaces.
+
+1. :func:`deliver_sweep` — full weights vs delta across link rates (paper Fig. 14).
+2. :func:`streams_sweep` — one delta over 1 vs S parallel streams under RTT and random loss.
+3. :func:`cut_through` — publish start → remote actor staged, streaming upload vs encode-then-upload, with the
+   real relay (``python -m workers.relay``) copying in the remote region.
+4. :func:`relay_vs_direct` — four remote actors, through the relay vs each straight from the home bucket:
+   bytes counted on the link and time until all four have staged the version.
+
+Parts 3–4 publish ``v2`` (base ``v1``, the bigger delta) with the trainer's code path from an agent in home and
+time it from publish start to "staged" in remote actor agents (wall clocks of one machine). Each relay first
+forwards ``v1`` (:func:`warm_relay`), so the measured version meets it in steady state.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from benchmarks.wan_bench.config import BenchConfig
+from benchmarks.wan_bench.env import HOME, REMOTE, Agent, WanEnv
+from benchmarks.wan_bench.model import ModelData, seed_run_bucket
+
+log = logging.getLogger("aurora.bench.wan")
+
+
+def summarize(values: Sequence[float]) -> dict[str, float]:
+    vals = [float(v) for v in values]
+    return {"median": statistics.median(vals), "mean": statistics.fmean(vals), "min": min(vals), "max": max(vals),
+            "n": len(vals)}
+
+
+def _transfer_timeout(nbytes: int, rate_mbit: float | None, floor: float = 120.0) -> float:
+    """Generous: four times the ideal transfer time (lossy links are slower), never below ``floor``."""
+    if not rate_mbit:
+        return floor
+    return max(floor, 4 * nbytes * 8 / (rate_mbit * 1e6) + 60)
+
+
+def _measured(env: WanEnv, agent: Agent, timeout: float, **command: Any) -> dict[str, Any]:
+    """One ``deliver`` with the link's counters over exactly that transfer."""
+    env.reset_link()
+    result = agent.call("deliver", timeout=timeout, **command)
+    result["link"] = env.link_counters()
+    if result["link"]["dropped_overrun"]:
+        log.warning("forwarder overrun during %s: results are not trustworthy", command)
+    return result
+
+
+# --- part 1 --------------------------------------------------------------------------------------
+
+
+def deliver_sweep(env: WanEnv, cfg: BenchConfig, data: ModelData, agent: Agent, url: str,
+                  seeded: dict[str, Any]) -> dict[str, Any]:
+    agent.call("load", config=data.config, state_file=data.files[0], version=0, digest=data.digests[0])
+    points = []
+    for rate in cfg.rates_mbit:
+        cal = env.shape(rate, cfg.deliver_rtt_ms, 0.0, calibrate=f"deliver_{rate:g}mbit")
+        deltas = [_measured(env, agent, _transfer_timeout(seeded["delta_bytes"], rate), url=url, mode="delta",
+                            version=1, streams=cfg.deliver_streams) for _ in range(cfg.delta_repeats)]
+        fulls = [_measured(env, agent, _transfer_timeout(seeded["snapshot_bytes"], rate), url=url, mode="full",
+                           version=1, streams=cfg.deliver_streams) for _ in range(cfg.full_repeats)]
+        delta_s = statistics.median(r["seconds"] for r in deltas)
+        full_s = statistics.median(r["seconds"] for r in fulls)
+        points.append({
+            "rate_mbit": rate, "full_s": full_s, "delta_s": delta_s, "speedup": full_s / delta_s,
+            "full_goodput_mbit": fulls[0]["bytes"] * 8 / fulls[0]["seconds"] / 1e6,
+            "full_bytes": fulls[0]["bytes"], "delta_bytes": deltas[0]["bytes"],
+            "delta_runs": deltas, "full_runs": fulls,
+            "achieved_rate_mbit": cal["rate_mbit"] if cal else None,
+        })
+        log.info("deliver @ %g Mbit/s: full %.1f s, delta %.2f s (%.0fx)", rate, full_s, delta_s, full_s / delta_s)
+    lowest = min(points, key=lambda p: p["rate_mbit"])
+    return {"rtt_ms": cfg.deliver_rtt_ms, "loss": 0.0, "streams": cfg.deliver_streams, "points": points,
+            "speedup_lowest_rate": lowest["speedup"], "full_s_lowest_rate": lowest["full_s"],
+            "delta_s_lowest_rate": lowest["delta_s"], **seeded}
+
+
+# --- part 2 --------------------------------------------------------------------------------------
+
+
+def streams_sweep(env: WanEnv, cfg: BenchConfig, data: ModelData, agent: Agent, url: str,
+                  seeded: dict[str, Any]) -> dict[str, Any]:
+    agent.call("load", config=data.config, state_file=data.files[1], version=1, digest=data.digests[1])
+    per_loss = []
+    timeout = _transfer_timeout(seeded["delta_bytes"], 2.0)  # a single flow at 1 % loss can be very slow
+    for loss in cfg.losses:
+        cal = env.shape(cfg.streams_rate_mbit, cfg.streams_rtt_ms, loss, calibrate=f"streams_loss{loss:g}")
+        runs: dict[int, list[dict[str, Any]]] = {s: [] for s in cfg.stream_counts}
+        for _ in range(cfg.streams_repeats):  # interleaved, so slow drifts of the machine hit every count alike
+            for streams in cfg.stream_counts:
+                runs[streams].append(_measured(env, agent, timeout, url=url, mode="delta", version=2,
+                                               streams=streams))
+        by_streams = {str(s): {**summarize([r["seconds"] for r in rs]),
+                               "fetch": summarize([r["fetch_s"] for r in rs]), "runs": rs}
+                      for s, rs in runs.items()}
+        base = by_streams[str(cfg.stream_counts[0])]["median"]
+        speedups = {s: base / v["median"] for s, v in by_streams.items()}
+        per_loss.append({"loss": loss, "by_streams": by_streams, "speedup_vs_1": speedups, "link": cal})
+        log.info("streams @ loss %g: %s", loss, {s: round(v["median"], 2) for s, v in by_streams.items()})
+    return {"rate_mbit": cfg.streams_rate_mbit, "rtt_ms": cfg.streams_rtt_ms, "points": per_loss, **seeded}
+
+
+def speedup_4v1(streams: dict[str, Any] | None, loss: float) -> float | None:
+    if not streams:
+        return None
+    for point in streams["points"]:
+        if abs(point["loss"] - loss) < 1e-12 and "4" in point["by_streams"] and "1" in point["by_streams"]:
+            return point["by_streams"]["1"]["median"] / point["by_streams"]["4"]["median"]
+    return None
+
+
+# --- parts 3 and 4 -------------------------------------------------------------------------------
+
+
+class Publishing:
+    """The home-side publisher agent and the remote actor agents of parts 3–4, all holding ``v1``."""
+
+    def __init__(self, env: WanEnv, cfg: BenchConfig, data: ModelData, first: Agent) -> None:
+        self.env, self.cfg, self.data = env, cfg, data
+        self.publisher = env.agent(HOME, "publisher", wait=False)
+        others = [env.agent(REMOTE, f"actor{i}", wait=False) for i in range(2, cfg.relay_actors + 1)]
+        self.actors = [first, *others]
+        load = {"config": data.config, "state_file": data.files[1], "version": 1, "digest": data.digests[1]}
+        for agent in [self.publisher, *others]:
+            agent.wait_ready()
+        for agent in self.all:
+            agent.send("load", **load)
+        for agent in self.all:
+            agent.receive(300)
+        self.publisher.call("load_new", state_file=data.files[2], timeout=300)
+
+    @property
+    def all(self) -> list[Agent]:
+        return [self.publisher, *self.actors]
+
+    def run_once(self, run: str, home_url: str, actors: Sequence[Agent], *, watch_region: str, fetch_url: str,
+                 cut_through: bool, count_link: bool = False) -> dict[str, Any]:
+        cfg, env = self.cfg, self.env
+        for agent in actors:
+            agent.call("watch", redis=env.redis.url, run=run, region=watch_region, timeout=60)
+        for agent in actors:
+            agent.send("await_stage", version=2, url=fetch_url, streams=4, timeout=600)
+        if count_link:
+            env.reset_link()
+        pub = self.publisher.call("publish", timeout=600, url=home_url, redis=env.redis.url, run=run, region=HOME,
+                                  version=2, base_version=1, cut_through=cut_through, streams=4,
+                                  segment_bytes=cfg.big_segment_bytes)
+        staged = [agent.receive(660) for agent in actors]
+        link = env.link_counters() if count_link else None
+        t0 = pub.pop("t_start")
+        pub["manifest_s"] = pub.pop("t_manifest") - t0  # publish start → manifest durable
+        pub["announced_s"] = pub.pop("t_end") - t0  # … → staged event sent
+        return {
+            "run": run, "cut_through": cut_through, "publish": pub,
+            "delivery_s": max(s["t_staged"] for s in staged) - t0,
+            "actors": [{"event_s": s["t_event"] - t0, "staged_s": s["t_staged"] - t0, "stage_s": s["stage_s"]}
+                       for s in staged],
+            "delta_bytes": pub["bytes"], "link": link,
+        }
+
+
+def warm_relay(env: WanEnv, data: ModelData, run: str, home_url: str, timeout: float = 300.0) -> float:
+    """Send version 1 (``D_1``, base of the measured ``v2``) through the run's relay and wait until the region
+    has it, so the measured version meets a relay in steady state, as in a long run.
+
+    A relay makes its S3 clients lazily, one per copy thread, on the thread's first copy; on a busy 2-core
+    machine creating a few in parallel takes seconds, a one-off cost that has nothing to do with the version
+    being measured. Segments are small and announced in one burst after upload so every copy thread starts.
+    """
+    from aurora_store.bus import ControlPlane, VersionEvent
+    from aurora_store.codec import CodecParams, WeightsDigest, pieces_from_states
+    from aurora_store.store import DeltaStore, object_names, open_bucket
+    from aurora_store.store.publisher import VersionPublisher
+
+    started = time.monotonic()
+    plane = ControlPlane(env.redis.url, run)
+    store = DeltaStore(open_bucket(home_url))
+    try:
+        cursor = plane.latest_event_id(REMOTE)
+        publisher = VersionPublisher(store, data.layout, CodecParams(segment_bytes=64 * 1024), streams=4,
+                                     record_history=False)
+        report = publisher.publish(1, 0, WeightsDigest.parse(data.digests[0]),
+                                   pieces_from_states(data.layout, data.states[0], data.states[1]))
+        for ref in report.manifest.segments:
+            plane.announce(VersionEvent("segment", 1, HOME, segment=ref.digest, size=ref.size))
+        plane.announce(VersionEvent("staged", 1, HOME, base=0, manifest_key=object_names.delta(1),
+                                    weights_digest=report.manifest.weights_digest, sent_ms=plane.now_ms()))
+        while True:
+            for _, entry_id, event in plane.read_events({REMOTE: cursor}, block_ms=200):
+                cursor = entry_id
+                if event.kind == "staged" and event.version == 1:
+                    return time.monotonic() - started
+            if time.monotonic() - started > timeout:
+                raise TimeoutError(f"relay of {run} did not forward the warm-up version in {timeout:.0f}s")
+    finally:
+        store.close()
+        plane.close()
+
+
+def start_relay_run(env: WanEnv, run: str) -> tuple[str, str]:
+    """Fresh home and regional buckets for ``run`` and a relay between them (it imports while others work)."""
+    home_url = env.bucket(HOME, run)
+    remote_url = env.bucket(REMOTE, run)
+    seed_run_bucket(home_url, run)
+    env.start_relay(run, home_url, remote_url)
+    return home_url, remote_url
+
+
+def cut_through(env: WanEnv, cfg: BenchConfig, pub: Publishing, runs: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    env.shape(cfg.cut_rate_mbit, cfg.cut_rtt_ms, 0.0, calibrate=f"cut_{cfg.cut_rate_mbit:g}mbit")
+    results: dict[str, list[dict[str, Any]]] = {"cut_through": [], "encode_then_upload": []}
+    for rep in range(cfg.cut_repeats):
+        for mode in (False, True):
+            run = f"p3-{'ct' if mode else 'nct'}-{rep}"
+            home_url, remote_url = runs[run]
+            env.wait_relay(run)
+            warm_relay(env, pub.data, run, home_url)
+            result = pub.run_once(run, home_url, pub.actors[:1], watch_region=REMOTE, fetch_url=remote_url,
+                                  cut_through=mode)
+            env.stop_relay(run)
+            results["cut_through" if mode else "encode_then_upload"].append(result)
+            log.info("%s: %.2f s (publish %.2f s)", run, result["delivery_s"], result["publish"]["publish_s"])
+    ct = summarize([r["delivery_s"] for r in results["cut_through"]])
+    nct = summarize([r["delivery_s"] for r in results["encode_then_upload"]])
+    return {"rate_mbit": cfg.cut_rate_mbit, "rtt_ms": cfg.cut_rtt_ms, "cut_through_s": ct,
+            "encode_then_upload_s": nct, "speedup": nct["median"] / ct["median"], "runs": results}
+
+
+def relay_vs_direct(env: WanEnv, cfg: BenchConfig, pub: Publishing, relay_run: str,
+                    urls: tuple[str, str]) -> dict[str, Any]:
+    cal = env.shape(cfg.relay_rate_mbit, cfg.relay_rtt_ms, 0.0, calibrate=f"relay_{cfg.relay_rate_mbit:g}mbit")
+    actors = pub.actors[: cfg.relay_actors]
+    # through the relay: one cross-region copy, actors read the regional bucket
+    env.wait_relay(relay_run)
+    home_url, remote_url = urls
+    warm_relay(env, pub.data, relay_run, home_url)
+    time.sleep(1.5)  # one relay heartbeat: its counter then includes the warm-up version, which is not measured
+    warm = env.relay_state(relay_run)
+    relayed = pub.run_once(relay_run, home_url, actors, watch_region=REMOTE, fetch_url=remote_url,
+                           cut_through=True, count_link=True)
+    time.sleep(1.5)  # one relay heartbeat, so its counters include the copy
+    state = env.relay_state(relay_run)
+    relayed["relay_bytes_copied"] = (state.bytes_copied - (warm.bytes_copied if warm else 0)) if state else None
+    env.stop_relay(relay_run)
+    # direct: no relay, every actor reads the home bucket across the link
+    direct_run = "p4-direct"
+    direct_url = env.bucket(HOME, direct_run)
+    seed_run_bucket(direct_url, direct_run)
+    direct = pub.run_once(direct_run, direct_url, actors, watch_region=HOME, fetch_url=direct_url,
+                          cut_through=True, count_link=True)
+    delta_bytes = relayed["delta_bytes"]
+    relay_copies = relayed["link"]["down_bytes"] / delta_bytes
+    direct_copies = direct["link"]["down_bytes"] / delta_bytes
+    log.info("relay: %.2f copies, %.2f s; direct: %.2f copies, %.2f s", relay_copies, relayed["delivery_s"],
+             direct_copies, direct["delivery_s"])
+    return {
+        "rate_mbit": cfg.relay_rate_mbit, "rtt_ms": cfg.relay_rtt_ms, "actors": len(actors), "regions": 1,
+        "delta_bytes": delta_bytes,
+        "relay": {"cross_region_bytes": relayed["link"]["down_bytes"], "copies": relay_copies,
+                  "all_staged_s": relayed["delivery_s"],
+                  "relay_counter_copies": (relayed["relay_bytes_copied"] / relayed["publish"]["segment_bytes"]
+                                           if relayed["relay_bytes_copied"] is not None else None),
+                  "run": relayed},
+        "direct": {"cross_region_bytes": direct["link"]["down_bytes"], "copies": direct_copies,
+                   "all_staged_s": direct["delivery_s"], "run": direct},
+        "time_speedup": direct["delivery_s"] / relayed["delivery_s"],
+        "bytes_note": "IP bytes the forwarder delivered home → remote during the run (TCP/IP and HTTP headers, "
+                      "Redis notifications and the relay's periodic listing included), divided by the delta's "
+                      "segment + manifest bytes",
+        "link": cal,
+    }

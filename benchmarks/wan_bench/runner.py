@@ -1,0 +1,171 @@
+"""Runs the WAN benchmark and assembles its one JSON object (see :mod:`benchmarks.wan_bench`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.wan_bench import e2e, measure, model, plots
+from benchmarks.wan_bench.config import PARTS, BenchConfig
+from benchmarks.wan_bench.env import HOME, REMOTE, WanEnv
+
+log = logging.getLogger("aurora.bench.wan")
+
+TARGETS = {
+    "delta_vs_full_speedup_lowest_rate": (">=", 20.0, "delta at least 20x faster than full at the lowest rate"),
+    "streams4_vs_1_speedup_loss1pct": (">=", 1.3, "4 streams at least 1.3x faster than 1 at 1 % loss"),
+    "relay_cross_region_copies_per_version": ("<=", 1.15, "one cross-region copy per region (+ header overhead)"),
+    "e2e_delta_vs_ideal": ("<=", 1.10, "delta run within 10 % of the ideal run"),
+}
+
+
+def run(cfg: BenchConfig, out_dir: Path) -> dict[str, Any]:
+    """Build the world, run the selected parts, write plots; return the result document."""
+    started = time.monotonic()
+    out_dir = Path(out_dir).absolute()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    unknown = set(cfg.parts) - set(PARTS)
+    if unknown:
+        raise ValueError(f"unknown parts {sorted(unknown)}; choose from {list(PARTS)}")
+    doc: dict[str, Any] = {
+        "bench": "wan", "mode": "quick" if cfg.quick else "full", "parts": list(cfg.parts),
+        "host": {"cpus": os.cpu_count(), "load_avg_start": os.getloadavg(), "kernel": platform.release()},
+        "config": cfg.to_dict(), "errors": {},
+    }
+
+    def part(name: str, fn: Callable[[], Any], *, enabled: bool | None = None) -> Any:
+        if not (name in cfg.parts if enabled is None else enabled):
+            return None
+        t0 = time.monotonic()
+        log.info("part %s ...", name)
+        try:
+            value = fn()
+        except Exception as exc:  # keep going: the other parts are still worth having
+            log.error("part %s failed: %s", name, exc)
+            doc["errors"][name] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-3000:]}"
+            return None
+        log.info("part %s done in %.0f s", name, time.monotonic() - t0)
+        doc.setdefault("part_seconds", {})[name] = round(time.monotonic() - t0, 1)
+        return value
+
+    log.info("starting namespaces, link and servers ...")
+    with tempfile.TemporaryDirectory(prefix="aurora-wan-") as work, \
+            WanEnv(out_dir, seed=cfg.seed, calibrate_seconds=cfg.calibrate_seconds) as env:
+        doc["setup_s"] = round(time.monotonic() - started, 1)
+        log.info("topology %s* up in %.1f s", env.topo.prefix, doc["setup_s"])
+        synthetic = [p for p in PARTS[:4] if p in cfg.parts]
+        data = None
+        first = None
+        if synthetic:
+            first = env.agent(REMOTE, "actor1", wait=False)  # imports while the model is built
+            data = model.build(cfg, Path(work))
+            doc["model"] = data.describe()
+            log.info("synthetic model: %d parameters, built in %.0f s", data.layout.numel, data.build_s)
+            first.wait_ready()
+
+        def deliver() -> dict[str, Any]:
+            url = env.bucket(HOME, "p1-deliver")
+            seeded = model.seed_deliver_bucket(data, url, cfg.snapshot_shards)
+            doc["model"].update(seeded)
+            return measure.deliver_sweep(env, cfg, data, first, url, seeded)
+
+        def streams() -> dict[str, Any]:
+            url = env.bucket(HOME, "p2-streams")
+            seeded = model.seed_streams_bucket(data, url, cfg.big_segment_bytes)
+            return measure.streams_sweep(env, cfg, data, first, url, seeded)
+
+        doc["deliver"] = part("deliver", deliver)
+        doc["streams"] = part("streams", streams)
+        publishing = None
+        relay_runs: dict[str, tuple[str, str]] = {}
+        if "cut_through" in cfg.parts or "relay" in cfg.parts:
+            def setup() -> measure.Publishing:
+                if "cut_through" in cfg.parts:
+                    for rep in range(cfg.cut_repeats):
+                        for mode in ("nct", "ct"):
+                            name = f"p3-{mode}-{rep}"
+                            relay_runs[name] = measure.start_relay_run(env, name)
+                if "relay" in cfg.parts:
+                    relay_runs["p4-relay"] = measure.start_relay_run(env, "p4-relay")
+                return measure.Publishing(env, cfg, data, first)
+
+            publishing = part("publishing_setup", setup, enabled=True)
+        if publishing is not None:
+            doc["cut_through"] = part("cut_through", lambda: measure.cut_through(env, cfg, publishing, relay_runs))
+            doc["relay_vs_direct"] = part("relay", lambda: measure.relay_vs_direct(
+                env, cfg, publishing, "p4-relay", relay_runs["p4-relay"]))
+            for agent in publishing.all:
+                agent.close()
+        elif first is not None:
+            first.close()
+        doc["e2e"] = part("e2e", lambda: e2e.run(env, cfg.e2e, out_dir / "e2e"))
+        doc["links"] = env.calibrations
+
+    _summarize(doc)
+    doc["plots"] = _plots(doc, out_dir)
+    doc["runtime_s"] = round(time.monotonic() - started, 1)
+    return _rounded(doc)
+
+
+def _rounded(value: Any) -> Any:
+    """Floats to 3 decimals (4 significant digits below 0.01): readable output, no false precision."""
+    if isinstance(value, float):
+        return float(f"{value:.4g}") if abs(value) < 0.01 else round(value, 3)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def _summarize(doc: dict[str, Any]) -> None:
+    deliver, streams = doc.get("deliver"), doc.get("streams")
+    relay, ct, e2e_doc = doc.get("relay_vs_direct"), doc.get("cut_through"), doc.get("e2e")
+    doc["delta_vs_full_speedup_lowest_rate"] = deliver["speedup_lowest_rate"] if deliver else None
+    doc["streams4_vs_1_speedup_loss1pct"] = measure.speedup_4v1(streams, 0.01)
+    doc["streams4_vs_1_speedup_loss01pct"] = measure.speedup_4v1(streams, 0.001)
+    doc["cut_through_speedup"] = ct["speedup"] if ct else None
+    doc["relay_cross_region_copies_per_version"] = relay["relay"]["copies"] / relay["regions"] if relay else None
+    doc["direct_cross_region_copies_per_version"] = relay["direct"]["copies"] / relay["regions"] if relay else None
+    doc["relay_vs_direct_time_speedup"] = relay["time_speedup"] if relay else None
+    doc["e2e_delta_vs_ideal"] = e2e_doc.get("delta_vs_ideal") if e2e_doc else None
+    doc["e2e_full_vs_delta"] = e2e_doc.get("full_vs_delta") if e2e_doc else None
+    links = doc.get("links") or {}
+    main = None
+    if deliver:
+        main = links.get(f"deliver_{min(p['rate_mbit'] for p in deliver['points']):g}mbit")
+    main = main or next(iter(links.values()), None)
+    doc["link"] = None if main is None else {
+        "rate_mbit": main["rate_mbit_achieved_nstreams"], "rate_mbit_1stream": main["rate_mbit_achieved_1stream"],
+        "rate_mbit_target": main["rate_mbit_target"], "rtt_ms": main["rtt_ms"], "rtt_ms_target": main["rtt_ms_target"],
+        "loss": main["loss_observed"], "loss_target": main["loss_target"], "cc": main["cc"],
+        "cc_mechanism": main["cc_mechanism"], "dropped_overrun": main["dropped_overrun"]}
+    targets = {}
+    for key, (op, bound, what) in TARGETS.items():
+        value = doc.get(key)
+        met = None if value is None else (value >= bound if op == ">=" else value <= bound)
+        targets[key] = {"value": value, "target": f"{op} {bound:g}", "met": met, "what": what}
+    if deliver:
+        full_s = deliver["full_s_lowest_rate"]
+        targets["full_s_lowest_rate"] = {"value": full_s, "target": ">= 60", "met": full_s >= 60,
+                                         "what": "full weights take at least 60 s at the lowest rate (sizing)"}
+    doc["targets"] = targets
+
+
+def _plots(doc: dict[str, Any], out_dir: Path) -> list[str]:
+    made = []
+    try:
+        if doc.get("deliver"):
+            made.append(str(plots.deliver_plot(doc["deliver"], out_dir / "deliver_vs_rate.png")))
+        if doc.get("streams"):
+            made.append(str(plots.streams_plot(doc["streams"], out_dir / "streams.png")))
+    except Exception as exc:  # plots are a convenience; the numbers are in the JSON
+        doc["errors"]["plots"] = f"{type(exc).__name__}: {exc}"
+    return made

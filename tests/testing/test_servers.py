@@ -1,0 +1,79 @@
+"""The local servers the demo and the tests start: a port chosen for a server can be taken by someone else
+before the server binds it (ports come from ``bind(0)``, the same pool outgoing connections draw from).
+Such a server is started again on fresh ports; one given a port by its caller is not moved."""
+
+from __future__ import annotations
+
+import socket
+
+import boto3
+import pytest
+import redis
+
+from aurora_store.errors import ConfigError
+from aurora_store.testing import servers as localservices
+from aurora_store.testing.servers import RedisServer, S3Server, ServerExitedError
+
+
+def occupy(port: int) -> socket.socket:
+    """Hold ``port`` the way a racing process would: bound (so a server's bind fails), not listening (so a
+    readiness probe can't mistake it for the server)."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", port))
+    return holder
+
+
+def test_redis_whose_chosen_port_was_taken_starts_on_another():
+    server = RedisServer()
+    taken = server.port
+    with occupy(taken), server.start():
+        assert server.port != taken
+        assert redis.Redis.from_url(server.url).ping()
+
+
+def test_redis_on_a_callers_taken_port_fails_with_a_typed_error_and_leaves_nothing_running():
+    with occupy(0) as holder:
+        port = holder.getsockname()[1]
+        server = RedisServer(port=port)
+        with pytest.raises(ServerExitedError, match=str(port)) as caught:
+            server.start()
+        assert isinstance(caught.value, ConfigError)
+        assert server.port == port and server.process is None
+
+
+def test_s3_whose_chosen_port_was_taken_starts_on_fresh_ports(monkeypatch):
+    """The race itself can't be forced, so the first choice of ports is made to include a taken one."""
+    real, choices = localservices.free_ports, []
+    holder = occupy(0)
+    taken = holder.getsockname()[1]
+
+    def first_choice_taken(count: int, host: str = "127.0.0.1") -> list[int]:
+        ports = real(count, host)
+        if not choices:
+            ports[0] = taken
+        choices.append(ports)
+        return ports
+
+    monkeypatch.setattr(localservices, "free_ports", first_choice_taken)
+    with holder, S3Server().start() as server:
+        assert len(choices) == 2 and server.port == choices[1][0] != taken
+        client = boto3.client("s3", endpoint_url=server.endpoint_url, region_name="us-east-1",
+                              aws_access_key_id=server.access_key, aws_secret_access_key=server.secret_key)
+        assert "Buckets" in client.list_buckets()
+
+
+def test_a_server_that_keeps_dying_gives_up_after_a_bounded_number_of_attempts(monkeypatch):
+    holder = occupy(0)
+    taken = holder.getsockname()[1]
+    chosen = []
+
+    def always_the_taken_port(self) -> None:
+        chosen.append(taken)
+        self.port = taken
+
+    monkeypatch.setattr(RedisServer, "_choose_ports", always_the_taken_port)
+    server = RedisServer()
+    with holder, pytest.raises(ServerExitedError):
+        server.start()
+    assert len(chosen) == localservices.START_ATTEMPTS and server.process is None
+    server.stop()
