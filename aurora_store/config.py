@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from aurora_store.errors import ConfigError
 
@@ -64,3 +65,51 @@ def heartbeat_ttl_s() -> int:
     """Seconds a live state (actor, relay) survives without a heartbeat (AURORA_HEARTBEAT_TTL, default 10).
     Heartbeats are sent every second; the TTL bounds how long a vanished process still looks alive."""
     return _int("AURORA_HEARTBEAT_TTL", 10, minimum=2)
+
+
+#: Where ``make demo`` writes its home bucket, relative to the directory it was run from.
+DEMO_BUCKET = Path("runs") / "demo" / "buckets" / "us-east"
+
+
+@dataclass(frozen=True)
+class InspectSettings:
+    """What the notebook helpers (:mod:`aurora_store.ops.inspect`) open when not told otherwise."""
+
+    bucket: str | None = None  # AURORA_BUCKET; None: the demo's home bucket, if one is found
+    redis: str | None = None  # AURORA_REDIS: a live run log
+    run: str | None = None  # AURORA_RUN
+    run_log_file: str | None = None  # AURORA_RUNLOG: a JSON-lines run log
+
+    @classmethod
+    def from_env(cls) -> InspectSettings:
+        def get(name: str) -> str | None:
+            return os.environ.get(name) or None
+
+        return cls(get("AURORA_BUCKET"), get("AURORA_REDIS"), get("AURORA_RUN"), get("AURORA_RUNLOG"))
+
+
+def find_demo_bucket(start: Path | None = None) -> Path | None:
+    """The demo's home bucket in ``start`` (default: the working directory) or the nearest parent holding one
+    (a notebook runs from ``notebooks/``, the demo from the repository root)."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / DEMO_BUCKET).is_dir():
+            return folder / DEMO_BUCKET
+    return None
+
+
+@dataclass(frozen=True)
+class CommandDefaults:
+    """Defaults of command-line flags that may also come from the environment (a flag always wins)."""
+
+    trainer_public_key: str | None = None  # AURORA_TRAINER_PUBLIC_KEY: verify manifests with it
+    signing_key: str | None = None  # AURORA_SIGNING_KEY: sign manifests with it
+    redis: str | None = None  # AURORA_REDIS
+    run: str | None = None  # AURORA_RUN
+
+    @classmethod
+    def from_env(cls) -> CommandDefaults:
+        def get(name: str) -> str | None:
+            return os.environ.get(name) or None
+
+        return cls(get("AURORA_TRAINER_PUBLIC_KEY"), get("AURORA_SIGNING_KEY"), get("AURORA_REDIS"), get("AURORA_RUN"))

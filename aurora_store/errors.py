@@ -8,6 +8,8 @@ therefore catch either the precise Aurora type or the builtin.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class AuroraError(Exception):
     """Root of every error raised deliberately by Aurora."""
@@ -110,8 +112,20 @@ class BusAuthError(BusError, PermissionError):
     """Redis rejected the credentials or the TLS handshake."""
 
 
+class MessageError(AuroraError, ValueError):
+    """A control-plane message is malformed."""
+
+
 class SchedulingError(AuroraError, ValueError):
     """A scheduling request is inconsistent (e.g. no eligible actors)."""
+
+
+class NoEligibleActors(AuroraError, TimeoutError):
+    """No actor became eligible for a step's work before the trainer's deadline."""
+
+
+class RankAborted(AuroraError, RuntimeError):
+    """Another rank (rank 0) failed an operation all ranks take part in; this rank stops too."""
 
 
 class EngineError(AuroraError, RuntimeError):
@@ -120,3 +134,23 @@ class EngineError(AuroraError, RuntimeError):
 
 class ConfigError(AuroraError, ValueError):
     """Configuration is missing or invalid."""
+
+
+# --- operations and local services ----------------------------------------------------------------
+
+
+class GcRefusedError(AuroraError, RuntimeError):
+    """gc found problems in the part of the bucket it would keep, and deleted nothing."""
+
+    def __init__(self, message: str, problems: Iterable[object]) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
+
+
+class ServiceError(AuroraError, RuntimeError):
+    """A local server (Valkey, SeaweedFS, the GCS emulator) could not be started or used."""
+
+
+class ServerExitedError(ServiceError):
+    """A local server process exited before it was ready, typically because a port chosen for it was taken
+    by someone else between choosing and binding (ports come from ``bind(0)``, like outgoing connections')."""

@@ -18,6 +18,7 @@ from aurora_store.codec import (
     DeltaEncoder,
     DeltaManifest,
     ModelLayout,
+    TensorTarget,
     WeightTarget,
     activate,
     pieces_from_states,
@@ -58,7 +59,7 @@ def run(config: dict[str, Any] | None = None, lr: float = 1e-6, warmup: int = 4,
     sim.step()
     new = sim.published()
     del sim
-    base_target = WeightTarget.from_state(layout, {k: v.clone() for k, v in old.items()}, version=0)
+    base_target = TensorTarget.from_state(layout, {k: v.clone() for k, v in old.items()}, version=0)
     base_digest = base_target.digest
 
     params = CodecParams(segment_bytes=segment_bytes)
@@ -68,7 +69,7 @@ def run(config: dict[str, Any] | None = None, lr: float = 1e-6, warmup: int = 4,
         manifest, segments, summary, elapsed = _encode(layout, old, new, params, base_digest)
         encodes.append(elapsed)
         blobs = {s.ref.digest: s.data for s in segments}
-        target = WeightTarget.from_state(layout, {k: v.clone() for k, v in old.items()}, version=0,
+        target = TensorTarget.from_state(layout, {k: v.clone() for k, v in old.items()}, version=0,
                                          digest=base_digest)
         t0 = time.perf_counter()
         staged = stage(manifest, blobs, target)

@@ -12,11 +12,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
-from aurora_store.errors import AuroraError
-
-
-class MessageError(AuroraError, ValueError):
-    """A control-plane message is malformed."""
+from aurora_store.errors import MessageError
 
 
 def _coerce(cls, raw: Mapping[str, str]):

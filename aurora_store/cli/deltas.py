@@ -11,14 +11,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from aurora_store.cli.output import emit_json, human_bytes, table
-from aurora_store.codec import CodecParams, ModelLayout, WeightTarget, digest_state, pieces_from_states
+from aurora_store.codec import CodecParams, ModelLayout, TensorTarget, digest_state, pieces_from_states
 from aurora_store.codec.digest import WeightsDigest
 from aurora_store.config import TransferSettings
 from aurora_store.errors import AuroraError, ConfigError, LayoutError, VersionNotFoundError
 from aurora_store.store import DeltaStore, open_bucket
 from aurora_store.store.publisher import VersionPublisher
 from aurora_store.store.replay import replay
+from aurora_store.textfmt import emit_json, human_bytes, table
 
 DIFF_EPILOG = """examples:
   aurora diff step4.safetensors step5.safetensors --out ./bucket --version 5 --base 4 --config config.json
@@ -150,7 +150,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
     extra = set(state) - set(layout.train_names) - {a for a, _ in layout.aliases}
     if extra:
         raise LayoutError(f"{args.base_file} holds tensors the delta's layout does not: {sorted(extra)[:8]}")
-    target = WeightTarget.from_state(layout, {n: state[n] for n in layout.train_names}, version=base)
+    target = TensorTarget.from_state(layout, {n: state[n] for n in layout.train_names}, version=base)
     applied = replay(store, target, range(base + 1, args.version + 1), streams=settings.streams,
                      progress=sys.stderr.isatty())
     for alias, source in layout.aliases:  # keep tied tensors tied, as in the input file

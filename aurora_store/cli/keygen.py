@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from aurora_store.cli.output import emit_json
+from aurora_store.textfmt import emit_json
 from aurora_store.trust import Verifier, key_id, write_keypair
 
 EPILOG = """examples:

@@ -6,13 +6,13 @@ The logic lives in :mod:`aurora_store.ops`; this module parses arguments and for
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
-from aurora_store.cli.output import emit_json, human_bytes
+from aurora_store.config import CommandDefaults
 from aurora_store.errors import ConfigError
 from aurora_store.store import DeltaStore, open_bucket
+from aurora_store.textfmt import emit_json, human_bytes
 
 EXIT_OK, EXIT_PROBLEMS = 0, 1
 
@@ -66,6 +66,7 @@ exit codes: 0 ok (also when --watch is stopped with Ctrl-C); 2 error (Redis unre
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    env = CommandDefaults.from_env()
     fmt = argparse.RawDescriptionHelpFormatter
     verify = sub.add_parser("verify", help="check that every version in a bucket is complete and chained",
                             description="Check a bucket's manifests, segments, delta chain and snapshots.",
@@ -74,7 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     verify.add_argument("--deep", action="store_true",
                         help="re-download and re-hash all bytes and replay the chain between snapshots")
     verify.add_argument("--json", action="store_true", help='print one JSON object {"ok", "problems", "checked"}')
-    verify.add_argument("--public-key", default=os.environ.get("AURORA_TRAINER_PUBLIC_KEY"),
+    verify.add_argument("--public-key", default=env.trainer_public_key,
                         help="trainer's Ed25519 public key (file or base64): every manifest must be signed by it")
     verify.set_defaults(handler=cmd_verify)
 
@@ -94,9 +95,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     status = sub.add_parser("status", help="live table of actors, relays and the trainer",
                             description="Show the live states of one run from the Redis control plane.",
                             epilog=STATUS_EPILOG, formatter_class=fmt)
-    status.add_argument("--redis", default=os.environ.get("AURORA_REDIS"),
+    status.add_argument("--redis", default=env.redis,
                         help="Redis URL (default: AURORA_REDIS)")
-    status.add_argument("--run", default=os.environ.get("AURORA_RUN"),
+    status.add_argument("--run", default=env.run,
                         help="run name (default: AURORA_RUN, else the only run in Redis)")
     status.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
     status.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
@@ -148,7 +149,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from aurora_store.ops.gc import GcRefusedError, collect_garbage
+    from aurora_store.errors import GcRefusedError
+    from aurora_store.ops.gc import collect_garbage
 
     try:
         report = collect_garbage(_store(args.bucket), args.keep_snapshots, dry_run=args.dry_run,

@@ -13,6 +13,7 @@ import hashlib
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -50,6 +51,30 @@ class TensorUpdate:
     bits: torch.Tensor  # int16 new bit patterns
 
 
+class Transition(Protocol):
+    """What moving a target from one version to the next promises: the layout it is for, the exact base
+    (version and weights digest) it must start from, and the weights digest it ends at. A delta manifest is
+    one; so is every staged update."""
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def base_version(self) -> int: ...
+
+    @property
+    def layout_fingerprint(self) -> str: ...
+
+    @property
+    def elements(self) -> int: ...
+
+    @property
+    def base_weights_digest(self) -> str: ...
+
+    @property
+    def weights_digest(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class StagedDelta:
     """A verified, decoded delta ready for :func:`activate`."""
@@ -64,6 +89,45 @@ class StagedDelta:
     @property
     def base_version(self) -> int:
         return self.manifest.base_version
+
+    @property
+    def layout_fingerprint(self) -> str:
+        return self.manifest.layout_fingerprint
+
+    @property
+    def elements(self) -> int:
+        return self.manifest.elements
+
+    @property
+    def base_weights_digest(self) -> str:
+        return self.manifest.base_weights_digest
+
+    @property
+    def weights_digest(self) -> str:
+        return self.manifest.weights_digest
+
+
+@dataclass(frozen=True)
+class StagedSnapshot:
+    """A full snapshot staged against a target: the difference between the target's bits and the snapshot's,
+    verified to end at the snapshot's weights digest; activated like a delta (:func:`activate`)."""
+
+    version: int
+    base_version: int
+    layout_fingerprint: str
+    elements: int
+    base_weights_digest: str
+    weights_digest: str
+    updates: tuple[TensorUpdate, ...]
+    snapshot_bytes: int  # what was downloaded to stage it
+
+    @property
+    def changed(self) -> int:
+        return sum(u.indices.numel() for u in self.updates)
+
+
+#: Anything :func:`activate` applies.
+Staged = StagedDelta | StagedSnapshot
 
 
 def verify_segment(ref: SegmentRef, data: bytes) -> None:
@@ -162,7 +226,7 @@ def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tupl
     return StagedDelta(manifest, tuple(updates))
 
 
-def check_applicable(manifest: DeltaManifest, target: WeightTarget) -> None:
+def check_applicable(manifest: Transition, target: WeightTarget) -> None:
     """Raise unless ``manifest`` was made for this layout and the target's exact current weights."""
     if manifest.layout_fingerprint != target.layout.fingerprint:
         raise LayoutMismatchError(f"delta {manifest.version} is for layout {manifest.layout_fingerprint}, "
@@ -178,13 +242,13 @@ def check_applicable(manifest: DeltaManifest, target: WeightTarget) -> None:
                                        f"base digest {manifest.base_weights_digest}")
 
 
-def activate(staged: StagedDelta, target: WeightTarget) -> None:
-    """Scatter a staged delta into ``target`` in place and advance its version and digest."""
-    check_applicable(staged.manifest, target)
+def activate(staged: Staged, target: WeightTarget) -> None:
+    """Scatter a staged delta (or snapshot) into ``target`` in place and advance its version and digest."""
+    check_applicable(staged, target)
     for update in staged.updates:
         target.scatter(update.tensor, update.indices, update.bits)
     target.version = staged.version
-    target.digest = WeightsDigest.parse(staged.manifest.weights_digest)
+    target.digest = WeightsDigest.parse(staged.weights_digest)
 
 
 def apply_delta(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tuple[SegmentRef, bytes]],

@@ -4,6 +4,10 @@ A target maps each inference tensor onto one or more contiguous flat pieces of r
 tensor itself (vLLM-style), or the separate q/k/v and gate/up tensors of a HuggingFace model — so the same
 decoded delta scatters into either without building full-shape staging tensors. It also tracks which
 version its weights are at and their additive digest.
+
+:class:`WeightTarget` is the interface staging and activation use; :class:`TensorTarget` implements it over
+torch tensors in this process, and an inference engine implements it over its own parameters (the vLLM
+engine's target reaches them through ``collective_rpc``).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -26,8 +31,47 @@ class _Piece:
     bits: torch.Tensor  # flat int16 view sharing storage with the real parameter
 
 
-class WeightTarget:
-    """Flat-index access to the weights of one model, plus its version and digest.
+@runtime_checkable
+class WeightTarget(Protocol):
+    """Flat-index access to the weights of one model, plus its version and digest — what staging reads
+    (current bits under changed indices) and activation writes (an in-place scatter).
+
+    ``version`` is ``None`` until the caller declares which published version the weights hold; ``digest`` is
+    the additive weights digest of what the target holds now (kept current by :func:`~aurora_store.codec.
+    activate`, not recomputed).
+    """
+
+    layout: ModelLayout
+    version: int | None
+    digest: WeightsDigest
+
+    def gather(self, name: str, indices: torch.Tensor) -> torch.Tensor:
+        """Current bit patterns (int16) at sorted flat ``indices`` of inference tensor ``name``."""
+        ...
+
+    def gather_many(self, requests: Sequence[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
+        """:meth:`gather` for several tensors at once (one round trip for a target in another process)."""
+        ...
+
+    def scatter(self, name: str, indices: torch.Tensor, bits: torch.Tensor) -> None:
+        """Write ``bits`` (int16) at sorted flat ``indices`` of inference tensor ``name`` in place."""
+        ...
+
+    def element(self, name: str, index: int) -> int:
+        """One element's bit pattern."""
+        ...
+
+    def full_digest(self) -> WeightsDigest:
+        """From-scratch digest of the current weights (O(model size))."""
+        ...
+
+    def fused_bits(self, name: str) -> torch.Tensor:
+        """A copy of inference tensor ``name``'s bits, flat."""
+        ...
+
+
+class TensorTarget:
+    """A :class:`WeightTarget` over torch tensors of this process (fused or training-layout parameters).
 
     ``version`` is ``None`` until the caller declares which published version the weights hold.
     """
@@ -54,7 +98,7 @@ class WeightTarget:
     # --- construction ----------------------------------------------------------------------------
 
     @classmethod
-    def from_fused(cls, layout: ModelLayout, fused: Mapping[str, torch.Tensor], **kw) -> WeightTarget:
+    def from_fused(cls, layout: ModelLayout, fused: Mapping[str, torch.Tensor], **kw) -> TensorTarget:
         """Over inference-layout tensors (e.g. vLLM parameters). Tensors may be larger than the layout
         (padded vocabularies): only the first ``numel`` elements are addressed."""
         pieces = {}
@@ -66,7 +110,7 @@ class WeightTarget:
         return cls(layout, pieces, **kw)
 
     @classmethod
-    def from_state(cls, layout: ModelLayout, state: Mapping[str, torch.Tensor], **kw) -> WeightTarget:
+    def from_state(cls, layout: ModelLayout, state: Mapping[str, torch.Tensor], **kw) -> TensorTarget:
         """Over training-layout tensors (e.g. a HuggingFace model's parameters)."""
         layout.check_state(state)
         pieces: dict[str, list[_Piece]] = {}

@@ -31,11 +31,10 @@ oldest kept snapshot can only catch up by loading a snapshot.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from aurora_store.errors import AuroraError, ConfigError, VersionNotFoundError
+from aurora_store.errors import ConfigError, GcRefusedError, VersionNotFoundError
 from aurora_store.ops.inventory import Inventory, delete_object, object_size, parallel_map, read_inventory
 from aurora_store.ops.problems import Problem
 from aurora_store.ops.verify import check_inventory
@@ -48,12 +47,6 @@ ORDER: tuple[Kind, ...] = ("snapshot_manifest", "delta_manifest", "snapshot_file
                            "layout")
 
 
-class GcRefusedError(AuroraError, RuntimeError):
-    """gc found problems in the part of the bucket it would keep, and deleted nothing."""
-
-    def __init__(self, message: str, problems: Iterable[Problem]) -> None:
-        super().__init__(message)
-        self.problems = tuple(problems)
 
 
 @dataclass(frozen=True)

@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import os
 import re
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from aurora_store.codec.layout import ModelLayout
+from aurora_store.config import DEMO_BUCKET, InspectSettings, find_demo_bucket
 from aurora_store.errors import AuroraError, ConfigError
 from aurora_store.ops import runlog
 from aurora_store.ops.status import resolve_run
@@ -32,8 +31,6 @@ from aurora_store.store import history
 from aurora_store.store.snapshots import read_snapshot_manifest
 from aurora_store.store.versions import DeltaStore
 
-#: The bucket the notebooks open when ``AURORA_BUCKET`` is not set: the demo's home bucket.
-DEMO_BUCKET = Path(__file__).resolve().parents[2] / "runs" / "demo" / "buckets" / "us-east"
 BYTES_PER_ELEMENT = 2  # bf16 / fp16: what a full copy of the published weights costs
 
 RunLog = list[dict[str, str]]
@@ -58,19 +55,23 @@ class BucketView:
 
 
 def open_view(bucket: str | None = None, *, redis: str | None = None, run: str | None = None,
-              run_log_file: str | None = None) -> BucketView:
-    """Open a bucket for inspection. Defaults come from the environment: ``AURORA_BUCKET`` (else the demo's
-    home bucket), ``AURORA_REDIS`` and ``AURORA_RUN`` for a live run log, ``AURORA_RUNLOG`` for a JSON-lines
-    file. Without Redis the run log is read from the bucket's ``runlog/`` exports."""
-    url = bucket or os.environ.get("AURORA_BUCKET") or str(DEMO_BUCKET)
-    if url == str(DEMO_BUCKET) and not DEMO_BUCKET.is_dir():
-        raise ConfigError(f"AURORA_BUCKET is not set and the demo bucket {DEMO_BUCKET} does not exist: run "
-                          f"`make demo` first, or point AURORA_BUCKET at a bucket")
+              run_log_file: str | None = None, settings: InspectSettings | None = None) -> BucketView:
+    """Open a bucket for inspection. What is not given comes from ``settings`` (default: the environment,
+    :class:`~aurora_store.config.InspectSettings`): ``AURORA_BUCKET`` (else the demo's home bucket),
+    ``AURORA_REDIS`` and ``AURORA_RUN`` for a live run log, ``AURORA_RUNLOG`` for a JSON-lines file. Without
+    Redis the run log is read from the bucket's ``runlog/`` exports."""
+    defaults = settings if settings is not None else InspectSettings.from_env()
+    url = bucket or defaults.bucket
+    if url is None:
+        demo = find_demo_bucket()
+        if demo is None:
+            raise ConfigError(f"AURORA_BUCKET is not set and no demo bucket ({DEMO_BUCKET}) was found here or above: "
+                              f"run `make demo` first, or point AURORA_BUCKET at a bucket")
+        url = str(demo)
     store = DeltaStore(url)
     table = version_table(store)
-    log, source = load_run_log(store, redis=redis or os.environ.get("AURORA_REDIS") or None,
-                               run=run or os.environ.get("AURORA_RUN") or None,
-                               path=run_log_file or os.environ.get("AURORA_RUNLOG") or None)
+    log, source = load_run_log(store, redis=redis or defaults.redis, run=run or defaults.run,
+                               path=run_log_file or defaults.run_log_file)
     return BucketView(store.url, store, table, tuple(store.snapshot_versions()), bucket_layout(store),
                       log, source)
 

@@ -13,9 +13,9 @@ import io
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from aurora_store.cli.output import human_bytes, table
 from aurora_store.ops import inspect, plots
 from aurora_store.ops.inspect import BucketView
+from aurora_store.textfmt import human_bytes, table
 
 NO_RUN_LOG = ("no run log (set AURORA_REDIS for a live run, or export one into the bucket with "
               "aurora_store.ops.runlog.export_run_log)")

@@ -13,8 +13,8 @@ import pyarrow as pa
 from matplotlib.axes import Axes
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter, PercentFormatter
 
-from aurora_store.cli.output import human_bytes
 from aurora_store.ops.inspect import ChangeMatrix, Latency, Settlements, column, short_tensor_name
+from aurora_store.textfmt import human_bytes
 
 MAX_LABELLED_ROWS = 48
 MAX_LABELLED_COLUMNS = 30

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from aurora_store.codec.decoder import activate, check_applicable, stage
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.manifest import DeltaManifest
-from aurora_store.codec.target import WeightTarget
+from aurora_store.codec.target import TensorTarget, WeightTarget
 from aurora_store.errors import AuroraError, DigestMismatchError
 from aurora_store.ops.inventory import Inventory, parallel_map
 from aurora_store.ops.problems import Problem
@@ -93,4 +93,4 @@ def _load(store: DeltaStore, version: int, layout: ModelLayout | None,
         if not any(p.version == version and p.code.startswith("snapshot_file") for p in problems):
             problems.append(Problem("snapshot_content", f"cannot be loaded: {exc}", version))
         return None
-    return WeightTarget.from_state(layout, state, version=version)
+    return TensorTarget.from_state(layout, state, version=version)

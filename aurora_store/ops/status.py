@@ -12,8 +12,8 @@ from typing import Any
 
 from aurora_store.bus import ControlPlane
 from aurora_store.bus.client import connect, redact
-from aurora_store.cli.output import human_bytes, table
 from aurora_store.errors import ConfigError
+from aurora_store.textfmt import human_bytes, table
 
 #: Keys every run has at least one of while it is alive (see aurora_store.bus.redis_keys.RunKeys).
 _RUN_MARKERS = ("trainer", "actors", "relays", "log")

@@ -8,18 +8,18 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from safetensors.torch import load as load_safetensors
 
-from aurora_store.codec.decoder import StagedDelta, TensorUpdate, activate, check_applicable, stage
+from aurora_store.codec.decoder import StagedDelta, StagedSnapshot, TensorUpdate, activate, check_applicable, stage
 from aurora_store.codec.digest import WeightsDigest, hash_elements
 from aurora_store.codec.manifest import DeltaManifest
-from aurora_store.codec.params import CodecParams
 from aurora_store.codec.target import WeightTarget
 from aurora_store.errors import BaseVersionMismatchError, DigestMismatchError, LayoutMismatchError
 from aurora_store.progress import Progress
-from aurora_store.store.snapshots import read_snapshot_file, read_snapshot_manifest
+from aurora_store.store.snapshots import SnapshotManifest, read_snapshot_file, read_snapshot_manifest
 from aurora_store.store.transfer import fetch_segments
 from aurora_store.store.versions import DeltaStore
 
 ManifestCheck = Callable[[DeltaManifest], None]
+SnapshotCheck = Callable[[SnapshotManifest], None]
 
 
 def stage_version(store: DeltaStore, version: int, target: WeightTarget, *, streams: int | None = None,
@@ -42,14 +42,13 @@ def stage_version(store: DeltaStore, version: int, target: WeightTarget, *, stre
 
 
 def stage_snapshot(store: DeltaStore, version: int, target: WeightTarget, *,
-                   verify_manifest: ManifestCheck | None = None, streams: int | None = None) -> StagedDelta:
-    """Download ``version``'s full snapshot and stage it against ``target`` as an ordinary :class:`StagedDelta`.
+                   verify_manifest: SnapshotCheck | None = None, streams: int | None = None) -> StagedSnapshot:
+    """Download ``version``'s full snapshot and stage it against ``target`` (a :class:`StagedSnapshot`).
 
     The full-broadcast baseline: every weight file is downloaded (one file per stream, each checked against its
     SHA-256), the snapshot's bits are diffed against the target's current bits, and the digest after applying
-    the difference must equal the snapshot's ``weights_digest`` — the same check a delta gets. The staged
-    delta's manifest is synthesised (no segments; ``producer`` says it came from a snapshot and how many bytes
-    were downloaded); :func:`activate` applies it like any other. No writes to ``target``.
+    the difference must equal the snapshot's ``weights_digest`` — the same check a delta gets.
+    :func:`activate` applies it like a delta. No writes to ``target``.
     """
     snapshot = read_snapshot_manifest(store, version)
     if verify_manifest is not None:
@@ -84,13 +83,10 @@ def stage_snapshot(store: DeltaStore, version: int, target: WeightTarget, *,
     if str(target.digest + delta) != snapshot.weights_digest:
         raise DigestMismatchError(f"snapshot {version} would give weights digest {target.digest + delta}, "
                                   f"its manifest says {snapshot.weights_digest}")
-    manifest = DeltaManifest(
-        version=version, base_version=target.version, layout_fingerprint=layout.fingerprint, codec=CodecParams(),
-        segments=(), changed={}, elements=layout.numel, base_weights_digest=str(target.digest),
-        weights_digest=snapshot.weights_digest, created_at=snapshot.created_at,
-        producer={"staged_from": "snapshot", "snapshot_bytes": sum(f.size for f in entries),
-                  "changed": sum(u.indices.numel() for u in updates)})
-    return StagedDelta(manifest, tuple(updates))
+    return StagedSnapshot(version=version, base_version=target.version, layout_fingerprint=layout.fingerprint,
+                          elements=layout.numel, base_weights_digest=str(target.digest),
+                          weights_digest=snapshot.weights_digest, updates=tuple(updates),
+                          snapshot_bytes=sum(f.size for f in entries))
 
 
 def replay(store: DeltaStore, target: WeightTarget, versions: Iterable[int], **kwargs) -> list[DeltaManifest]:

@@ -13,6 +13,7 @@ from aurora_store.codec import (
     DeltaManifest,
     ModelLayout,
     Segment,
+    TensorTarget,
     WeightTarget,
     pieces_from_states,
 )
@@ -80,7 +81,7 @@ def encode(layout: ModelLayout, old, new, version: int, base: int, base_digest,
 
 
 def target_for(layout: ModelLayout, state, version: int) -> WeightTarget:
-    return WeightTarget.from_state(layout, {k: v.clone() for k, v in state.items()}, version=version)
+    return TensorTarget.from_state(layout, {k: v.clone() for k, v in state.items()}, version=version)
 
 
 def blobs(segments: list[Segment]) -> dict[str, bytes]:

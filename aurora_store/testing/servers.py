@@ -27,15 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aurora_store.errors import ConfigError
+from aurora_store.errors import ConfigError, ServerExitedError, ServiceError
 
 S3_ACCESS_KEY = "aurora-local"
 S3_SECRET_KEY = "aurora-local-secret"
 
 
-class ServerExitedError(ConfigError):
-    """A local server process exited before it was ready, typically because a port chosen for it was taken
-    by someone else between choosing and binding (ports come from ``bind(0)``, like outgoing connections')."""
 
 
 #: How often a server whose ports were chosen here is started on fresh ports after exiting while starting.
@@ -86,7 +83,7 @@ def wait_for_port(host: str, port: int, timeout: float, process: subprocess.Pope
             if sock.connect_ex((host, port)) == 0:
                 return
         time.sleep(0.05)
-    raise ConfigError(f"nothing listening on {host}:{port} after {timeout:.0f}s")
+    raise ServiceError(f"nothing listening on {host}:{port} after {timeout:.0f}s")
 
 
 @contextlib.contextmanager
@@ -114,9 +111,9 @@ _PROBE = ("import json, sys\n"
 def call_through(launcher: Sequence[str], function: str, args: Sequence[Any], *, timeout: float,
                  watch: subprocess.Popen | None = None) -> Any:
     """Call ``function(*args)`` of this module in a child Python started through ``launcher`` (e.g. inside a
-    network namespace) and return its JSON result. Arguments and result must be JSON. A :class:`ConfigError`
+    network namespace) and return its JSON result. Arguments and result must be JSON. A :class:`ServiceError`
     in the child is raised here with its message; ``watch`` (the server) dying first aborts the call."""
-    package_root = str(Path(__file__).resolve().parents[1])
+    package_root = str(Path(__file__).resolve().parents[2])  # the folder holding aurora_store
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     argv = [*launcher, sys.executable, "-c", _PROBE, function, json.dumps(list(args))]
@@ -128,7 +125,7 @@ def call_through(launcher: Sequence[str], function: str, args: Sequence[Any], *,
                 raise ServerExitedError(f"server exited with code {watch.returncode} while running {function} "
                                   f"through {' '.join(launcher)}")
             if time.monotonic() > deadline:
-                raise ConfigError(f"{function} through {' '.join(launcher)} did not finish in {timeout:.0f}s")
+                raise ServiceError(f"{function} through {' '.join(launcher)} did not finish in {timeout:.0f}s")
             time.sleep(0.05)
         out, err = child.communicate()
     finally:
@@ -137,7 +134,8 @@ def call_through(launcher: Sequence[str], function: str, args: Sequence[Any], *,
             child.communicate()
     if child.returncode != 0:
         lines = [line for line in err.strip().splitlines() if line.strip()]
-        raise ConfigError(f"{function} through {' '.join(launcher)} failed: {lines[-1] if lines else child.returncode}")
+        last = lines[-1] if lines else child.returncode
+        raise ServiceError(f"{function} through {' '.join(launcher)} failed: {last}")
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -407,7 +405,7 @@ def s3_wait_ready(endpoint_url: str, access_key: str, secret_key: str, timeout: 
         except Exception as exc:
             last = exc
             time.sleep(0.2)
-    raise ConfigError(f"S3 server at {endpoint_url} not ready after {timeout:.0f}s: {last}")
+    raise ServiceError(f"S3 server at {endpoint_url} not ready after {timeout:.0f}s: {last}")
 
 
 def s3_create_bucket(endpoint_url: str, access_key: str, secret_key: str, name: str) -> None:
@@ -490,4 +488,4 @@ class GCSServer(_Server):
             urllib.request.urlopen(request, timeout=10).close()
         except urllib.error.HTTPError as exc:
             if exc.code != 409:  # 409: it already exists
-                raise ConfigError(f"GCS emulator refused to create bucket {name!r}: {exc.code} {exc.reason}") from None
+                raise ServiceError(f"GCS emulator refused to create bucket {name!r}: {exc.code} {exc.reason}") from None

@@ -79,13 +79,13 @@ class Agent:
     def load(self, config: dict[str, Any], state_file: str, version: int, digest: str) -> dict[str, Any]:
         from safetensors.torch import load_file
 
-        from aurora_store.codec import ModelLayout, WeightsDigest, WeightTarget
+        from aurora_store.codec import ModelLayout, TensorTarget, WeightsDigest
 
         started = time.perf_counter()
         self.layout = ModelLayout.from_config(config)
         self.state = self.target = None
         self.state = load_file(state_file)
-        self.target = WeightTarget.from_state(self.layout, self.state, version=version,
+        self.target = TensorTarget.from_state(self.layout, self.state, version=version,
                                               digest=WeightsDigest.parse(digest))
         self.version, self.digest = version, digest
         return {"load_s": time.perf_counter() - started}
@@ -115,7 +115,7 @@ class Agent:
             changed = staged.manifest.changed_total
         elif mode == "full":
             staged = stage_snapshot(store, version, self.target, streams=streams)
-            nbytes = int(staged.manifest.producer["snapshot_bytes"])
+            nbytes = staged.snapshot_bytes
             changed = int(staged.manifest.producer["changed"])
         else:
             raise ValueError(f"unknown mode {mode!r}")

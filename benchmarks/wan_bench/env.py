@@ -25,6 +25,7 @@ from typing import Any
 from aurora_store.testing.servers import RedisServer, S3Server
 from benchmarks.wan import LinkSpec, LinkStats, Topology
 from benchmarks.wan.calibrate import calibrate_link
+from benchmarks.wan.errors import WanError
 
 log = logging.getLogger("aurora.bench.wan")
 
@@ -32,7 +33,7 @@ HOME, REMOTE = "home", "remote"
 AGENT_MODULE = "benchmarks.wan_bench.agent"
 
 
-class AgentError(RuntimeError):
+class AgentError(WanError):
     """An agent answered with an error, died, or did not answer in time."""
 
 

@@ -171,7 +171,7 @@ TINY = {"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4, "num
 
 
 def test_stage_snapshot_is_the_full_weights_baseline(tmp_path):
-    from aurora_store.codec import ModelLayout, WeightTarget, activate
+    from aurora_store.codec import ModelLayout, TensorTarget, activate
     from aurora_store.codec.digest import digest_state
     from aurora_store.errors import BaseVersionMismatchError, DigestMismatchError
     from aurora_store.store import DeltaStore
@@ -184,21 +184,21 @@ def test_stage_snapshot_is_the_full_weights_baseline(tmp_path):
     store = DeltaStore(str(tmp_path / "bucket"), create=True)
     write_snapshot(store, 2, s2, layout, digest_state(layout, s2), shard_bytes=16_000)  # several weight files
     write_snapshot(store, 1, s1, layout, digest_state(layout, s0))  # a snapshot whose digest lies
-    target = WeightTarget.from_state(layout, {k: v.clone() for k, v in s0.items()}, version=0)
+    target = TensorTarget.from_state(layout, {k: v.clone() for k, v in s0.items()}, version=0)
     before = {k: v.clone() for k, v in s0.items()}
 
     staged = stage_snapshot(store, 2, target, streams=3)
-    assert all(target.fused_bits(t.name).equal(WeightTarget.from_state(layout, before).fused_bits(t.name))
+    assert all(target.fused_bits(t.name).equal(TensorTarget.from_state(layout, before).fused_bits(t.name))
                for t in layout.tensors), "staging must not write"
     assert (staged.version, staged.base_version) == (2, 0)
-    assert staged.manifest.producer["snapshot_bytes"] > layout.nbytes
+    assert staged.snapshot_bytes > layout.nbytes
     assert 0 < staged.manifest.producer["changed"] < layout.numel
     activate(staged, target)
     assert target.version == 2 and target.full_digest() == digest_state(layout, s2)
 
     with pytest.raises(BaseVersionMismatchError):
         stage_snapshot(store, 1, target)  # not newer than the target
-    fresh = WeightTarget.from_state(layout, {k: v.clone() for k, v in s0.items()}, version=0)
+    fresh = TensorTarget.from_state(layout, {k: v.clone() for k, v in s0.items()}, version=0)
     with pytest.raises(DigestMismatchError):
         stage_snapshot(store, 1, fresh)
 

@@ -9,7 +9,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from aurora_store.codec import CodecParams, DeltaManifest, ModelLayout, WeightTarget, apply_delta, digest_state
+from aurora_store.codec import (
+    CodecParams,
+    DeltaManifest,
+    ModelLayout,
+    TensorTarget,
+    WeightTarget,
+    apply_delta,
+    digest_state,
+)
 from aurora_store.codec.digest import WeightsDigest
 from aurora_store.errors import UnsupportedDtypeError
 from aurora_store.testing.builders import TINY_QWEN3, blobs, encode, perturb, random_state, target_for
@@ -19,7 +27,7 @@ SPECIAL_BITS = [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0x7F81, 0xFFC1, 0x0001, 
 
 
 def assert_same_bits(target: WeightTarget, layout: ModelLayout, state) -> None:
-    expected = WeightTarget.from_state(layout, state)
+    expected = TensorTarget.from_state(layout, state)
     for tensor in layout.tensors:
         assert torch.equal(target.fused_bits(tensor.name), expected.fused_bits(tensor.name)), tensor.name
 

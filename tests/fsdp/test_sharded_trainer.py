@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from aurora_store.codec import ModelLayout, WeightTarget, digest_state
+from aurora_store.codec import ModelLayout, TensorTarget, digest_state
 from aurora_store.store import DeltaStore
 from aurora_store.store.replay import replay
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
@@ -76,7 +76,7 @@ def test_actor_reconstruction_equals_the_ranks_published_weights_at_every_versio
     store = DeltaStore(str(tmp / "bucket"))
     layout = ModelLayout.from_config(MODEL_CONFIG)
     state, _ = load_snapshot(store, 0, layout)
-    target = WeightTarget.from_state(layout, state, version=0)
+    target = TensorTarget.from_state(layout, state, version=0)
     for version in range(STEPS + 1):
         if version:
             replay(store, target, [version])  # stage (verifies every digest) + activate, as actors do
@@ -134,7 +134,7 @@ def test_sharded_snapshot_loads_into_one_process_with_the_right_digest(two, tmp_
     assert manifest.weight_files == ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
     assert manifest.weights_digest == store.manifest(2).weights_digest
     state, _ = load_snapshot(store, 2, layout, download_dir=tmp_path)  # digest recomputed from scratch
-    target = WeightTarget.from_state(layout, state, version=2)
+    target = TensorTarget.from_state(layout, state, version=2)
     assert str(target.full_digest()) == manifest.weights_digest
     expected = published(tmp / "out", 2, layout)
     model = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.bfloat16)

@@ -14,7 +14,7 @@ import uuid
 import pytest
 import torch
 
-from aurora_store.codec import CodecParams, DeltaManifest, ModelLayout, WeightTarget, digest_state, stage
+from aurora_store.codec import CodecParams, DeltaManifest, ModelLayout, TensorTarget, digest_state, stage
 from aurora_store.codec.decoder import activate
 from aurora_store.codec.digest import ZERO
 from aurora_store.codec.sharding import DeltaPart, LocalRows, even_rows, merge_parts, row_pieces, rows_digest
@@ -84,7 +84,7 @@ def test_rank_parts_merge_into_a_delta_that_reproduces_the_new_weights(world):
     manifest = DeltaManifest.from_bytes(bucket.manifest_bytes(1))
     assert manifest.segments == tuple(s for p in parts for s in p.segments)
     assert manifest.weights_digest == str(digest_state(layout, new)) == report.manifest.weights_digest
-    target = WeightTarget.from_state(layout, {k: v.clone() for k, v in old.items()}, version=0)
+    target = TensorTarget.from_state(layout, {k: v.clone() for k, v in old.items()}, version=0)
     activate(stage(manifest, [(ref, bucket.get_segment(ref)) for ref in manifest.segments], target), target)
     fused = layout.fuse(new)
     for name in layout.names:

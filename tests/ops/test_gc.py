@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from aurora_store.cli import main
-from aurora_store.codec import WeightTarget, digest_state
-from aurora_store.ops.gc import ORDER, GcRefusedError, collect_garbage, plan_gc
+from aurora_store.codec import TensorTarget, digest_state
+from aurora_store.errors import GcRefusedError
+from aurora_store.ops.gc import ORDER, collect_garbage, plan_gc
 from aurora_store.ops.verify import verify_bucket
 from aurora_store.store import DeltaStore, history, object_names, plan_catch_up
 from aurora_store.store.replay import replay
@@ -25,7 +26,7 @@ def run(tmp_path) -> Run:
 
 def catch_up_from(store: DeltaStore, snapshot: int, target_version: int) -> dict[str, torch.Tensor]:
     state, _ = load_snapshot(store, snapshot, LAYOUT)
-    target = WeightTarget.from_state(LAYOUT, state, version=snapshot)
+    target = TensorTarget.from_state(LAYOUT, state, version=snapshot)
     replay(DeltaStore(store.bucket), target, range(snapshot + 1, target_version + 1))
     assert target.full_digest() == target.digest
     return state

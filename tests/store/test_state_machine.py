@@ -11,7 +11,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from aurora_store.codec import ModelLayout, WeightTarget, digest_state
+from aurora_store.codec import ModelLayout, TensorTarget, digest_state
 from aurora_store.codec.layout import bits_view
 from aurora_store.errors import VersionExistsError
 from aurora_store.store import DeltaStore, open_bucket, plan_catch_up
@@ -113,7 +113,7 @@ class VersionLog(RuleBasedStateMachine):
             start = plan.snapshot
         else:
             state, start = {k: v.clone() for k, v in self.states[current].items()}, current
-        target = WeightTarget.from_state(LAYOUT, state, version=start)
+        target = TensorTarget.from_state(LAYOUT, state, version=start)
         replay(self.store, target, plan.deltas)
         assert target.version == self.latest
         assert target.digest == digest_state(LAYOUT, self.states[-1]) == target.full_digest()

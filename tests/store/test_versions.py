@@ -10,7 +10,7 @@ import uuid
 import pytest
 import torch
 
-from aurora_store.codec import DeltaManifest, ModelLayout, WeightTarget, apply_delta, digest_state
+from aurora_store.codec import DeltaManifest, ModelLayout, TensorTarget, apply_delta, digest_state
 from aurora_store.errors import (
     IntegrityError,
     VersionExistsError,
@@ -51,7 +51,7 @@ def test_publish_fetch_apply_chain_bit_exact(store):
         assert report.manifest.weights_digest == str(digest)
     assert store.versions() == [1, 2, 3, 4]
     assert store.latest_version() == 4
-    target = WeightTarget.from_state(LAYOUT, {k: v.clone() for k, v in states[0].items()}, version=0)
+    target = TensorTarget.from_state(LAYOUT, {k: v.clone() for k, v in states[0].items()}, version=0)
     for v in store.versions():
         manifest = store.manifest(v)
         apply_delta(manifest, fetch_segments(store, manifest.segments, streams=4), target)

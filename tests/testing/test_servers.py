@@ -10,9 +10,9 @@ import boto3
 import pytest
 import redis
 
-from aurora_store.errors import ConfigError
+from aurora_store.errors import ServerExitedError, ServiceError
 from aurora_store.testing import servers as localservices
-from aurora_store.testing.servers import RedisServer, S3Server, ServerExitedError
+from aurora_store.testing.servers import RedisServer, S3Server
 
 
 def occupy(port: int) -> socket.socket:
@@ -37,7 +37,7 @@ def test_redis_on_a_callers_taken_port_fails_with_a_typed_error_and_leaves_nothi
         server = RedisServer(port=port)
         with pytest.raises(ServerExitedError, match=str(port)) as caught:
             server.start()
-        assert isinstance(caught.value, ConfigError)
+        assert isinstance(caught.value, ServiceError)
         assert server.port == port and server.process is None
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from aurora_store.cli import main
-from aurora_store.codec import ModelLayout, WeightTarget, digest_state
+from aurora_store.codec import ModelLayout, TensorTarget, digest_state
 from aurora_store.errors import ConfigError, ManifestError, SignatureError
 from aurora_store.store import DeltaStore, object_names, open_bucket
 from aurora_store.store.replay import stage_version
@@ -77,7 +77,7 @@ def test_any_change_unsigned_or_foreign_key_is_refused(signed_store, keypair):
 def test_refused_before_any_segment_is_downloaded_and_weights_untouched(signed_store, keypair):
     store, states = signed_store
     _, verify = keypair
-    target = WeightTarget.from_state(LAYOUT, {k: v.clone() for k, v in states[1].items()}, version=1)
+    target = TensorTarget.from_state(LAYOUT, {k: v.clone() for k, v in states[1].items()}, version=1)
     before = target.digest
     forged = dataclasses.replace(store.manifest(2), producer={"who": "relay"})  # signature no longer covers it
     store.bucket.delete(object_names.delta(2))
@@ -93,7 +93,7 @@ def test_replayed_signed_manifest_under_a_new_version_name_is_refused(signed_sto
     store, states = signed_store
     _, verify = keypair
     store.bucket.put(object_names.delta(4), store.manifest_bytes(2))
-    target = WeightTarget.from_state(LAYOUT, {k: v.clone() for k, v in states[3].items()}, version=3)
+    target = TensorTarget.from_state(LAYOUT, {k: v.clone() for k, v in states[3].items()}, version=3)
     with pytest.raises(ManifestError, match="version 2"):
         stage_version(DeltaStore(store.bucket), 4, target, verify_manifest=verify)
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from aurora_store.bus import VersionEvent
-from aurora_store.codec import CodecParams, DeltaEncoder, DeltaManifest, WeightTarget, pieces_from_states
+from aurora_store.codec import CodecParams, DeltaEncoder, DeltaManifest, TensorTarget, pieces_from_states
 from aurora_store.codec.layout import bits_view
 from aurora_store.store import object_names, plan_catch_up
 from aurora_store.store.replay import replay
@@ -25,7 +25,7 @@ def reconstruct(store, layout, version):
     plan = plan_catch_up(None, version, {v: store.delta_bytes(v) for v in store.versions()},
                          {s: read_snapshot_manifest(store, s).total_bytes for s in store.snapshot_versions()})
     state, _ = load_snapshot(store, plan.snapshot, layout)
-    target = WeightTarget.from_state(layout, state, version=plan.snapshot)
+    target = TensorTarget.from_state(layout, state, version=plan.snapshot)
     replay(store, target, plan.deltas)
     return state, target.digest
 

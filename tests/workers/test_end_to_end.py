@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from aurora_store.bus import ActorState, ControlPlane, RolloutResult
-from aurora_store.codec import WeightTarget, digest_state
+from aurora_store.codec import TensorTarget, digest_state
 from aurora_store.store import DeltaStore, open_bucket, plan_catch_up
 from aurora_store.store.replay import replay
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
@@ -109,7 +109,7 @@ def state_at(store: DeltaStore, layout, version: int):
     plan = plan_catch_up(None, version, {v: store.delta_bytes(v) for v in store.versions()},
                          {s: read_snapshot_manifest(store, s).total_bytes for s in store.snapshot_versions()})
     state, _ = load_snapshot(store, plan.snapshot, layout)
-    target = WeightTarget.from_state(layout, state, version=plan.snapshot)
+    target = TensorTarget.from_state(layout, state, version=plan.snapshot)
     replay(store, target, plan.deltas)
     return state, target
 

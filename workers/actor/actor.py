@@ -21,7 +21,7 @@ from pathlib import Path
 
 from aurora_store import logs
 from aurora_store.bus import ActorState, ControlPlane, Lease, RolloutResult
-from aurora_store.codec import StagedDelta, activate
+from aurora_store.codec import Staged, activate
 from aurora_store.codec.digest import WeightsDigest
 from aurora_store.config import TransferSettings
 from aurora_store.errors import (
@@ -58,7 +58,7 @@ class Actor:
         self.engine: Engine | None = None
         self.sources: VersionSources | None = None
         self.lock = threading.Condition()
-        self.staged: StagedDelta | None = None
+        self.staged: Staged | None = None
         self.staging: int | None = None
         self.beat_now = threading.Event()  # state changed: tell the trainer now, not at the next tick
         self.known_latest = -1
@@ -233,7 +233,7 @@ class Actor:
                 log.warning("event loop error", extra={"error": str(exc)})
                 self.stopped.wait(0.5)
 
-    def _stage(self, version: int) -> StagedDelta:
+    def _stage(self, version: int) -> Staged:
         """Stage from the current bucket; if its copy is corrupt or tampered with (bad bytes, unsigned or
         mis-signed manifest), re-fetch from the source bucket instead."""
         store = self.sources.store()
@@ -248,12 +248,12 @@ class Actor:
             self.plane.log_event("refetch_source", actor=self.actor_id, version=version, error=type(exc).__name__)
             return self._stage_from(source, version)
 
-    def _stage_from(self, store: DeltaStore, version: int) -> StagedDelta:
+    def _stage_from(self, store: DeltaStore, version: int) -> Staged:
         if self.config.full_sync:  # the full-broadcast baseline: the whole snapshot of every version
-            staged = stage_snapshot(store, version, self.target, streams=self.settings.streams,
-                                    verify_manifest=self.verify)
-            self._count_bytes(int(staged.manifest.producer["snapshot_bytes"]))
-            return staged
+            snapshot = stage_snapshot(store, version, self.target, streams=self.settings.streams,
+                                      verify_manifest=self.verify)
+            self._count_bytes(snapshot.snapshot_bytes)
+            return snapshot
         return stage_version(store, version, self.target, streams=self.settings.streams,
                              on_fetched=self._count_bytes, verify_manifest=self.verify)
 

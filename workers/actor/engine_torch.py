@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from aurora_store.codec import ModelLayout, WeightTarget
+from aurora_store.codec import ModelLayout, TensorTarget
 from workers.actor.engine import Completion
 from workers.rl.model import load_model, load_tokenizer
 
@@ -24,7 +24,7 @@ class TorchEngine:
         for param in self.model.parameters():
             param.requires_grad_(False)
         self.tokenizer = load_tokenizer(model_dir)
-        self.target = WeightTarget.from_state(layout, dict(self.model.named_parameters()), version=version)
+        self.target = TensorTarget.from_state(layout, dict(self.model.named_parameters()), version=version)
         self.seed = seed
 
     @torch.inference_mode()

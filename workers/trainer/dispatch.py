@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from aurora_store.bus import ControlPlane, VersionEvent
 from aurora_store.bus.messages import ActorState, RolloutResult
+from aurora_store.errors import NoEligibleActors
 from aurora_store.metrics import Metrics
 from aurora_store.sched import (
     ActorView,
@@ -59,8 +60,6 @@ class DispatchStats:
         self.stale = int(counters.get("stale", 0))
 
 
-class NoEligibleActors(TimeoutError):
-    pass
 
 
 class Dispatcher:

@@ -22,9 +22,9 @@ from typing import Any
 from aurora_store.codec.digest import WeightsDigest
 from aurora_store.codec.manifest import SegmentRef
 from aurora_store.codec.sharding import DeltaPart, LocalRows, row_pieces
-from aurora_store.errors import AuroraError
+from aurora_store.errors import AuroraError, RankAborted
 from aurora_store.store.publisher import PublishReport, VersionPublisher
-from workers.trainer.ranks import RankAborted, Ranks
+from workers.trainer.ranks import Ranks
 
 
 @dataclass(frozen=True)

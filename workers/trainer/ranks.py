@@ -25,11 +25,6 @@ import torch.distributed as dist
 
 from aurora_store.errors import AuroraError, ConfigError
 
-
-class RankAborted(AuroraError):
-    """Another rank (rank 0) failed an operation all ranks take part in; this rank stops too."""
-
-
 #: Collectives wait this long before failing (rank 0 may wait for actors for a whole step timeout).
 DEFAULT_TIMEOUT_S = 3600.0
 

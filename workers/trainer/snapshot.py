@@ -21,7 +21,7 @@ import torch
 from aurora_store.codec.digest import WeightsDigest
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.sharding import LocalRows
-from aurora_store.errors import AuroraError
+from aurora_store.errors import AuroraError, RankAborted
 from aurora_store.store.snapshots import (
     DEFAULT_SHARD_BYTES,
     SnapshotFile,
@@ -33,7 +33,7 @@ from aurora_store.store.snapshots import (
     weight_index,
 )
 from aurora_store.store.versions import DeltaStore
-from workers.trainer.ranks import RankAborted, Ranks
+from workers.trainer.ranks import Ranks
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""Printing results: one JSON object with ``--json``, an aligned table otherwise."""
+"""Text for people: aligned tables, byte counts, and one JSON object per result (``--json``).
+
+A leaf module: the CLI, ``ops`` and the notebook helpers all print through it."""
 
 from __future__ import annotations
 
