@@ -16,6 +16,17 @@ settings.register_profile("ci", deadline=None, suppress_health_check=[HealthChec
                           print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
+#: A test that uses one of these fixtures needs that server: it gets the marker, so ``-m "not s3"`` really
+#: deselects every test that would start SeaweedFS (modules that start servers themselves mark it too).
+_SERVER_MARKERS = {"s3_server": "s3", "gcs_server": "gcs", "redis_server": "redis"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, marker in _SERVER_MARKERS.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(marker)
+
 
 @pytest.fixture(scope="session")
 def s3_server():

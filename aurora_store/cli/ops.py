@@ -34,7 +34,7 @@ exit codes: 0 clean; 1 problems found (each names the version, the object and th
 
 GC_EPILOG = """what is kept:
   the newest N snapshots; every delta after the oldest kept snapshot, every segment those deltas name
-  and every layout a kept manifest names; all history rows, run.json, latest.json and runlog/ exports;
+  and every layout a kept manifest names; all history rows, run.json and runlog/ exports;
   segments no manifest names at all (they may belong to a version being published right now) unless
   --prune-orphans.
 what is deleted, in this order (so no listed manifest ever names a deleted object):

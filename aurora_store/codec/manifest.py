@@ -6,14 +6,14 @@ same manifest always has the same bytes and a retried create can be resolved by 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from aurora_store.codec.digest import WeightsDigest
+from aurora_store.codec.document import SignedDocument
 from aurora_store.codec.params import CodecParams
 from aurora_store.errors import FormatError, ManifestError
 
@@ -21,8 +21,6 @@ DELTA_FORMAT = "aurora.delta/1"
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
-def canonical_json(doc: Mapping[str, Any]) -> bytes:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 @dataclass(frozen=True)
@@ -63,7 +61,7 @@ class SegmentRef:
 
 
 @dataclass(frozen=True)
-class DeltaManifest:
+class DeltaManifest(SignedDocument):
     version: int
     base_version: int
     layout_fingerprint: str
@@ -104,8 +102,8 @@ class DeltaManifest:
     def density(self) -> float:
         return self.changed_total / self.elements if self.elements else 0.0
 
-    def to_json(self, *, with_signature: bool = True) -> dict[str, Any]:
-        doc: dict[str, Any] = {
+    def body(self) -> dict[str, Any]:
+        return {
             "format": DELTA_FORMAT,
             "version": self.version,
             "base_version": self.base_version,
@@ -119,23 +117,6 @@ class DeltaManifest:
             "created_at": self.created_at,
             "producer": dict(self.producer),
         }
-        if with_signature and self.signature is not None:
-            doc["signature"] = dict(self.signature)
-        return doc
-
-    def to_bytes(self) -> bytes:
-        return canonical_json(self.to_json())
-
-    def signing_bytes(self) -> bytes:
-        """The bytes a signature covers: the canonical manifest without its signature."""
-        return canonical_json(self.to_json(with_signature=False))
-
-    @property
-    def content_digest(self) -> str:
-        return hashlib.sha256(self.to_bytes()).hexdigest()
-
-    def with_signature(self, signature: Mapping[str, str] | None) -> DeltaManifest:
-        return replace(self, signature=signature)
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> DeltaManifest:

@@ -11,7 +11,7 @@ Kept on purpose:
 * **all history rows** (``history/``): a few KiB per version, not needed to catch up, but they are the
   record of the run that ``aurora log`` and the notebooks read — after a gc they still describe every
   version ever published;
-* ``run.json``, ``latest.json`` and run-log exports (``runlog/``);
+* ``run.json`` and run-log exports (``runlog/``);
 * **orphan segments** (named by no manifest at all) unless ``prune_orphans``: a publisher uploads a
   version's segments *before* creating its manifest, so an orphan may belong to a version being published
   right now; prune them only when no trainer is writing to the bucket.

@@ -104,8 +104,5 @@ class ThroughputEstimator:
         self.estimates[actor_id] = max(self.get(actor_id) * self.alpha, self.floor)
         return self.estimates[actor_id]
 
-    def forget(self, actor_id: str) -> None:
-        self.estimates.pop(actor_id, None)
-
     def shares(self, batch: int, eligible: tuple[str, ...]) -> dict[str, int]:
         return allocate(batch, {a: self.get(a) for a in eligible})

@@ -54,9 +54,3 @@ class MemoryBucket(Bucket):
 
 
 _LOCKS: dict[str, threading.Lock] = {}
-
-
-def drop_memory_bucket(name: str) -> None:
-    """Forget a memory bucket (tests)."""
-    with _REGISTRY_LOCK:
-        _REGISTRY.pop(name, None)

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +21,8 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from aurora_store.codec.digest import WeightsDigest, digest_state
+from aurora_store.codec.document import SignedDocument
 from aurora_store.codec.layout import ModelLayout
-from aurora_store.codec.manifest import canonical_json
 from aurora_store.errors import (
     DigestMismatchError,
     IntegrityError,
@@ -47,7 +47,7 @@ class SnapshotFile:
 
 
 @dataclass(frozen=True)
-class SnapshotManifest:
+class SnapshotManifest(SignedDocument):
     version: int
     layout_fingerprint: str
     weights_digest: str
@@ -61,25 +61,13 @@ class SnapshotManifest:
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
-    def to_json(self, *, with_signature: bool = True) -> dict[str, Any]:
-        doc = {
+    def body(self) -> dict[str, Any]:
+        return {
             "format": SNAPSHOT_FORMAT, "version": self.version, "layout_fingerprint": self.layout_fingerprint,
             "weights_digest": self.weights_digest,
             "files": [{"name": f.name, "sha256": f.sha256, "size": f.size} for f in self.files],
             "weight_files": list(self.weight_files), "created_at": self.created_at, "producer": dict(self.producer),
         }
-        if with_signature and self.signature is not None:
-            doc["signature"] = dict(self.signature)
-        return doc
-
-    def to_bytes(self) -> bytes:
-        return canonical_json(self.to_json())
-
-    def signing_bytes(self) -> bytes:
-        return canonical_json(self.to_json(with_signature=False))
-
-    def with_signature(self, signature: Mapping[str, str] | None) -> SnapshotManifest:
-        return replace(self, signature=signature)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SnapshotManifest:

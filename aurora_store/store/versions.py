@@ -18,8 +18,9 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
+from aurora_store.codec.document import canonical_json
 from aurora_store.codec.layout import ModelLayout
-from aurora_store.codec.manifest import DeltaManifest, SegmentRef, canonical_json
+from aurora_store.codec.manifest import DeltaManifest, SegmentRef
 from aurora_store.config import TransferSettings
 from aurora_store.errors import (
     IntegrityError,

@@ -24,6 +24,8 @@ import pytest
 
 from benchmarks.wan.netns import cleanup_stale, list_netns, run_prefix, unsupported_reason
 
+pytestmark = [pytest.mark.redis, pytest.mark.s3]
+
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 420
 

@@ -14,6 +14,8 @@ from aurora_store.bus.streams import parse_autoclaim
 from aurora_store.errors import BusAuthError, BusError
 from aurora_store.testing.servers import RedisServer, free_port
 
+pytestmark = pytest.mark.redis
+
 
 def actor_state(actor_id="a1", version=3, **kw) -> ActorState:
     base = dict(actor_id=actor_id, region="eu", engine="torch", active_version=version, active_digest="lthash128:"

@@ -12,7 +12,7 @@ import pytest
 
 from workers.chaos.scenarios import SCENARIOS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from workers.cluster import ClusterSpec, LocalCluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
 STEPS = 8
 
 

@@ -24,6 +24,8 @@ from aurora_store.testing.builders import TINY_QWEN3, perturb, random_state
 from tests.ops.helpers import LAYOUT
 from workers.cluster import ClusterSpec, LocalCluster
 
+pytestmark = pytest.mark.redis
+
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "delta_history.ipynb"
 STEPS, BATCH = 4, 8
 SECTIONS_WITH_FIGURES = 7  # sizes, density, heatmaps, publish, delivery, actors' versions, settlements

@@ -14,6 +14,8 @@ from aurora_store.errors import ServerExitedError, ServiceError
 from aurora_store.testing import servers as localservices
 from aurora_store.testing.servers import RedisServer, S3Server
 
+pytestmark = [pytest.mark.redis, pytest.mark.s3]
+
 
 def occupy(port: int) -> socket.socket:
     """Hold ``port`` the way a racing process would: bound (so a server's bind fails), not listening (so a

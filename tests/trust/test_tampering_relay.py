@@ -18,7 +18,7 @@ from workers.cluster import ClusterSpec, LocalCluster
 from workers.relay.cli import parse_args
 from workers.relay.relay import Relay
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
 
 def reconstruct(store, layout, version):

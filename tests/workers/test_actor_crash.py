@@ -14,7 +14,7 @@ from workers.actor.cli import parse_args
 from workers.chaos.harness import fast_spec
 from workers.cluster import LocalCluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
 
 def test_an_actor_whose_stager_crashes_leaves_and_exits_non_zero(tmp_path):

@@ -19,7 +19,7 @@ from aurora_store.store.replay import replay
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
 from workers.cluster import ClusterSpec, LocalCluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
 STEPS, BATCH = 20, 32
 

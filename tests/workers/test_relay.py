@@ -18,7 +18,7 @@ from workers.chaos.faultproxy import FaultProxy, FaultRates
 from workers.relay.cli import parse_args
 from workers.relay.relay import Relay
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
 TTL_S = 2  # the smallest heartbeat TTL the configuration accepts
 SLOW_S = 2.5  # every request through the proxy takes longer than the TTL

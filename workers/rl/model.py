@@ -3,7 +3,6 @@ its warm start, and the files that make a snapshot directory loadable by transfo
 
 from __future__ import annotations
 
-import io
 import json
 import random
 import tempfile
@@ -90,9 +89,3 @@ def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))
-
-
-def state_bytes(model) -> int:
-    buf = io.BytesIO()
-    del buf
-    return sum(p.numel() * 2 for p in model.parameters())
