@@ -9,6 +9,7 @@ therefore catch either the precise Aurora type or the builtin.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any, Protocol
 
 
 class AuroraError(Exception):
@@ -139,10 +140,17 @@ class ConfigError(AuroraError, ValueError):
 # --- operations and local services ----------------------------------------------------------------
 
 
+class _ReportedProblem(Protocol):
+    """What :class:`GcRefusedError` carries: an ``aurora_store.ops.problems.Problem`` (named structurally:
+    errors sit below ops in the layering)."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
 class GcRefusedError(AuroraError, RuntimeError):
     """gc found problems in the part of the bucket it would keep, and deleted nothing."""
 
-    def __init__(self, message: str, problems: Iterable[object]) -> None:
+    def __init__(self, message: str, problems: Iterable[_ReportedProblem]) -> None:
         super().__init__(message)
         self.problems = tuple(problems)
 

@@ -14,6 +14,7 @@ import base64
 import binascii
 import hashlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -28,12 +29,18 @@ ALGORITHM = "ed25519"
 _DOMAIN = b"aurora-manifest-v1\x00"
 
 
+_S = TypeVar("_S")
+
+
 class Signable(Protocol):
-    signature: object
+    """A signed document (frozen: ``signature`` is read-only, :meth:`with_signature` returns a copy)."""
+
+    @property
+    def signature(self) -> Mapping[str, str] | None: ...
 
     def signing_bytes(self) -> bytes: ...
 
-    def with_signature(self, signature): ...
+    def with_signature(self: _S, signature: Mapping[str, str]) -> _S: ...
 
 
 M = TypeVar("M", bound=Signable)

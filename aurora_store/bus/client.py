@@ -10,7 +10,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis
 
@@ -30,8 +30,8 @@ def connect(url: str, *, wait_s: float = 0.0, socket_timeout: float = SOCKET_TIM
     """A client for ``url`` (``redis://[:password@]host:port/db`` or ``rediss://`` for TLS), verified with
     PING. Retries for up to ``wait_s`` while the server is unreachable; credential and TLS failures are
     not retried (they will not fix themselves) and raise :class:`BusAuthError`."""
-    kwargs = {"socket_timeout": socket_timeout, "socket_connect_timeout": min(socket_timeout, 5.0),
-              "health_check_interval": 15, "decode_responses": False}
+    kwargs: dict[str, Any] = {"socket_timeout": socket_timeout, "socket_connect_timeout": min(socket_timeout, 5.0),
+                              "health_check_interval": 15, "decode_responses": False}
     if url.startswith("rediss://") and ssl_ca_certs:
         kwargs["ssl_ca_certs"] = ssl_ca_certs
     try:

@@ -16,7 +16,7 @@ from aurora_store.errors import MessageError
 
 
 def _coerce(cls, raw: Mapping[str, str]):
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for f in fields(cls):
         if f.name not in raw:
             if f.default is not MISSING or f.default_factory is not MISSING:

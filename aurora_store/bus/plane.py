@@ -87,7 +87,8 @@ class ControlPlane:
         def go(r: redis.Redis) -> None:
             pipe = r.pipeline()
             pipe.sadd(self.keys.actors, state.actor_id)
-            pipe.hset(self.keys.actor(state.actor_id), mapping={**state.to_fields(), "token": token})
+            pipe.hset(self.keys.actor(state.actor_id),
+                      mapping=streams.redis_fields({**state.to_fields(), "token": token}))
             pipe.expire(self.keys.actor(state.actor_id), self.heartbeat_ttl_s)
             pipe.execute()
             streams.add(r, self.keys.membership, {"kind": "join", "actor_id": state.actor_id,
@@ -99,7 +100,8 @@ class ControlPlane:
         def go(r: redis.Redis) -> None:
             pipe = r.pipeline()
             pipe.sadd(self.keys.actors, state.actor_id)
-            pipe.hset(self.keys.actor(state.actor_id), mapping={**state.to_fields(), "token": token})
+            pipe.hset(self.keys.actor(state.actor_id),
+                      mapping=streams.redis_fields({**state.to_fields(), "token": token}))
             pipe.expire(self.keys.actor(state.actor_id), self.heartbeat_ttl_s)
             pipe.execute()
         self._redis.call(go)
@@ -138,7 +140,7 @@ class ControlPlane:
         def go(r: redis.Redis) -> None:
             pipe = r.pipeline()
             pipe.sadd(self.keys.relays, state.region)
-            pipe.hset(self.keys.relay(state.region), mapping=state.to_fields())
+            pipe.hset(self.keys.relay(state.region), mapping=streams.redis_fields(state.to_fields()))
             pipe.expire(self.keys.relay(state.region), self.heartbeat_ttl_s)
             pipe.execute()
         self._redis.call(go)
@@ -157,7 +159,7 @@ class ControlPlane:
 
     def set_trainer_state(self, state: TrainerState) -> None:
         def go(r: redis.Redis) -> None:
-            r.hset(self.keys.trainer, mapping=state.to_fields())
+            r.hset(self.keys.trainer, mapping=streams.redis_fields(state.to_fields()))
             r.expire(self.keys.trainer, 6 * self.heartbeat_ttl_s)
         self._redis.call(go)
 
@@ -175,8 +177,8 @@ class ControlPlane:
         def go(r: redis.Redis) -> None:
             pipe = r.pipeline()
             for lease in leases:
-                pipe.xadd(self.keys.work(actor_id), lease.to_fields(), maxlen=streams.DEFAULT_MAXLEN,
-                          approximate=True)
+                pipe.xadd(self.keys.work(actor_id), streams.redis_fields(lease.to_fields()),
+                          maxlen=streams.DEFAULT_MAXLEN, approximate=True)
             pipe.execute()
         self._redis.call(go)
 

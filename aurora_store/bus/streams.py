@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 
 from aurora_store.bus.client import BLOCK_MS
+
+if TYPE_CHECKING:
+    from redis.typing import EncodableT, FieldT, KeyT, StreamIdT
 
 DEFAULT_MAXLEN = 10_000
 
@@ -43,8 +46,23 @@ def _entry(stream: str, raw_id: Any, raw_fields: Mapping[Any, Any] | None) -> En
     return Entry(stream, decode(raw_id), fields)
 
 
+def redis_fields(fields: Mapping[str, EncodableT]) -> dict[FieldT, EncodableT]:
+    """``fields`` as redis-py's field-mapping parameters (``hset(mapping=)``, ``xadd``) are typed: those are keyed
+    by ``FieldT`` (``str | bytes | …``) and invariant in the key, so a ``dict[str, str]`` does not type-check as
+    one although redis-py accepts it. A copy with the wider key type."""
+    return {k: v for k, v in fields.items()}
+
+
+def _reply(reply: Any) -> list[list[Any]] | None:
+    """An XREAD/XREADGROUP reply in the shape our clients get: ``[[stream, [(id, fields), ...]], ...]`` (or
+    ``None``). redis-py types the reply as that or RESP3's dict shape; :func:`~aurora_store.bus.client.connect`
+    keeps redis-py's default legacy (RESP2-shaped) responses, so it is always the list."""
+    return cast("list[list[Any]] | None", reply)
+
+
 def add(client: redis.Redis, stream: str, fields: Mapping[str, Any], *, maxlen: int = DEFAULT_MAXLEN) -> str:
-    encoded = {k: v if isinstance(v, (str, bytes, int, float)) else json.dumps(v) for k, v in fields.items()}
+    encoded: dict[FieldT, EncodableT] = {k: v if isinstance(v, (str, bytes, int, float)) else json.dumps(v)
+                                         for k, v in fields.items()}
     return decode(client.xadd(stream, encoded, maxlen=maxlen, approximate=True))
 
 
@@ -54,8 +72,9 @@ def read(client: redis.Redis, streams: Mapping[str, str], *, block_ms: int | Non
 
     ``block_ms`` of ``None`` or ``0`` returns at once (Redis itself reads ``BLOCK 0`` as "forever", which would
     outlive the socket timeout)."""
-    reply = client.xread(dict(streams), count=count, block=block_ms or None)
-    out = []
+    ids: dict[KeyT, StreamIdT] = {k: v for k, v in streams.items()}
+    reply = _reply(client.xread(ids, count=count, block=block_ms or None))
+    out: list[Entry] = []
     for stream, entries in reply or ():
         name = decode(stream)
         out.extend(_entry(name, eid, fields) for eid, fields in entries)
@@ -75,12 +94,12 @@ def read_group(client: redis.Redis, stream: str, group: str, consumer: str, *, b
                count: int = 100) -> list[Entry]:
     """XREADGROUP of new entries; re-creates the group if the server lost it (e.g. after a restart)."""
     try:
-        reply = client.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms or None)
+        reply = _reply(client.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms or None))
     except redis.ResponseError as exc:
         if "NOGROUP" not in str(exc):
             raise
         ensure_group(client, stream, group)
-        reply = client.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms or None)
+        reply = _reply(client.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms or None))
     return [_entry(stream, eid, fields) for _, entries in reply or () for eid, fields in entries]
 
 

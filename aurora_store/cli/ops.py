@@ -150,7 +150,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from aurora_store.errors import GcRefusedError
-    from aurora_store.ops.gc import collect_garbage
+    from aurora_store.ops.gc import Kind, collect_garbage
 
     try:
         report = collect_garbage(_store(args.bucket), args.keep_snapshots, dry_run=args.dry_run,
@@ -172,11 +172,12 @@ def cmd_gc(args: argparse.Namespace) -> int:
     kept = f"deltas {plan.kept_deltas[0]}..{plan.kept_deltas[-1]}" if plan.kept_deltas else "no deltas"
     print(f"{plan.url}: keeping snapshot(s) {_versions(plan.retained_snapshots) or 'none'} "
           f"(newest {plan.keep_snapshots}) and {kept}")
-    for kind, label, detail in (
+    sections: tuple[tuple[Kind, str, str], ...] = (
             ("snapshot_manifest", "snapshot manifest(s)", _versions(plan.removed_snapshots)),
             ("delta_manifest", "delta manifest(s)", _versions(plan.removed_deltas)),
             ("snapshot_file", "snapshot file(s)", ""), ("segment", "segment(s)", ""),
-            ("orphan_segment", "orphan segment(s)", ""), ("layout", "layout(s)", "")):
+            ("orphan_segment", "orphan segment(s)", ""), ("layout", "layout(s)", ""))
+    for kind, label, detail in sections:
         items = plan.of_kind(kind)
         if items:
             print(f"  {verb} {len(items)} {label}{f' ({detail})' if detail else ''}: "

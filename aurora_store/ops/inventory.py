@@ -63,7 +63,9 @@ class Inventory:
     def referenced_layouts(self) -> dict[str, list[int]]:
         """Layout fingerprint → versions (deltas and snapshots) that name it."""
         out: dict[str, list[int]] = {}
-        for version, manifest in [*self.deltas.items(), *self.snapshots.items()]:
+        manifests: list[tuple[int, DeltaManifest | SnapshotManifest]] = [*self.deltas.items(),
+                                                                       *self.snapshots.items()]
+        for version, manifest in manifests:
             out.setdefault(manifest.layout_fingerprint, []).append(version)
         return {fp: sorted(set(vs)) for fp, vs in out.items()}
 

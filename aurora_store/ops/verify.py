@@ -109,7 +109,9 @@ class _Verifier:
     def check_hook(self) -> None:
         if self.hook is None:
             return
-        for version, manifest in [*self.inv.deltas.items(), *self.inv.snapshots.items()]:
+        manifests: list[tuple[int, DeltaManifest | SnapshotManifest]] = [*self.inv.deltas.items(),
+                                                                       *self.inv.snapshots.items()]
+        for version, manifest in manifests:
             kind = "delta" if isinstance(manifest, DeltaManifest) else "snapshot"
             try:
                 self.hook(manifest)

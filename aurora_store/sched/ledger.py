@@ -107,7 +107,7 @@ class StepLedger:
 
     def grant(self, actor_id: str, count: int, now_ms: int) -> list[Lease]:
         """Lease up to ``count`` pooled prompts to ``actor_id``."""
-        out = []
+        out: list[Lease] = []
         duration = self.policy.duration_ms()
         while self.pool and len(out) < count:
             prompt = self.prompts[self.pool.popleft()]

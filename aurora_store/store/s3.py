@@ -132,7 +132,7 @@ class S3Bucket(Bucket):
     def list(self, prefix: str = "", start_after: str = "") -> list[str]:
         base = f"{self.prefix}/" if self.prefix else ""
         full, strip = base + prefix, len(base)
-        keys = []
+        keys: list[str] = []
         paginator = self.client.get_paginator("list_objects_v2")
         extra = {"StartAfter": base + start_after} if start_after else {}
         try:

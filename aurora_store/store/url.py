@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from aurora_store.config import TransferSettings
@@ -47,5 +48,6 @@ def open_bucket(url: str, *, create: bool = False, settings: TransferSettings | 
 
         if not parsed.netloc:
             raise ConfigError(f"GCS URL without a bucket name: {url}")
-        return GCSBucket(parsed.netloc, parsed.path, **query)
+        options: dict[str, Any] = query  # passed through to gcsfs as given (strings)
+        return GCSBucket(parsed.netloc, parsed.path, **options)
     raise ConfigError(f"unsupported bucket URL scheme {scheme!r} in {url}")

@@ -47,7 +47,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """Distinct free ports (held open together so they differ), each with port + 10000 free too."""
-    socks, ports = [], []
+    socks: list[socket.socket] = []
+    ports: list[int] = []
     try:
         while len(ports) < count:
             sock = socket.socket()

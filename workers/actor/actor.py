@@ -405,7 +405,7 @@ class Actor:
                 if obsolete:  # their step is over (the trainer only moves on once a batch is complete)
                     self.queue = deque(lease for lease in self.queue if lease.version >= active)
                     self._return(obsolete)
-                batch = []
+                batch: list[Lease] = []
                 for lease in list(self.queue):
                     if lease.version == active and len(batch) < self.config.batch_size:
                         batch.append(lease)

@@ -22,7 +22,11 @@ class Completion:
 
 class Engine(Protocol):
     name: str
-    target: WeightTarget
+
+    @property
+    def target(self) -> WeightTarget:
+        """The engine's weights (read-only here: engines narrow it to their own target class)."""
+        ...
 
     def generate(self, prompts: list[str], group_size: int, max_new_tokens: int, temperature: float,
                  seed: int) -> list[list[Completion]]:

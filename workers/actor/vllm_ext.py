@@ -224,7 +224,9 @@ def keep_cpu_weights_addressable() -> None:
         if weight is None or weight.ndim != 2 or weight.is_meta:
             original(layer, remove_weight)
             return
-        layer.cpu_linear = torch.nn.functional.linear  # vLLM's own fallback path; keeps layer.weight
+        # vLLM's own fallback path; keeps layer.weight. torch types Module.__setattr__ as Tensor | Module only,
+        # but vLLM stores a callable in this attribute.
+        layer.cpu_linear = torch.nn.functional.linear  # type: ignore[assignment]
 
     dispatch._aurora = True  # type: ignore[attr-defined]
     layer_utils.dispatch_cpu_unquantized_gemm = dispatch

@@ -15,6 +15,7 @@ import itertools
 import json
 import time
 from collections import defaultdict
+from collections.abc import Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,7 @@ def version_digest(store: DeltaStore, version: int) -> str:
 
 
 def check_invariants(cluster: LocalCluster, summary: dict[str, Any], log: list[dict[str, str]], *,
-                     expected_steps: int, expected_dead: set[str] = frozenset()) -> tuple[dict[str, bool], list[str]]:
+                     expected_steps: int, expected_dead: Set[str] = frozenset()) -> tuple[dict[str, bool], list[str]]:
     problems: list[str] = []
     inv: dict[str, bool] = {}
     batch = cluster.spec.batch_size
@@ -189,7 +190,7 @@ def _basic_verify(url: str) -> dict[str, Any]:
 
 
 def finish(result: ScenarioResult, cluster: LocalCluster, summary: dict[str, Any], log: list[dict[str, str]], *,
-           expected_steps: int, expected_dead: set[str] = frozenset()) -> ScenarioResult:
+           expected_steps: int, expected_dead: Set[str] = frozenset()) -> ScenarioResult:
     invariants, problems = check_invariants(cluster, summary, log, expected_steps=expected_steps,
                                             expected_dead=expected_dead)
     result.invariants.update(invariants)

@@ -63,10 +63,10 @@ class ShardedLearner:
             loss = local_loss if scale == 1.0 else local_loss * scale
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
             self.optimizer.step()
         self.model.eval()
-        grad_norm = _full(grad_norm)
+        grad_norm = _full(norm)
         tokens = int(mask.sum()) if weight else 0
         local = {"loss": float(local_loss.detach()) * tokens, "tokens": tokens,
                  **{k: v * tokens for k, v in extra.items()}}

@@ -72,7 +72,8 @@ class RankPublisher:
         timing = RankTiming(self.ranks.rank, sum(part.changed.values()), len(part.segments), upload.segment_bytes,
                             upload.encode_s, upload.upload_s, time.perf_counter() - started)
         gathered = self.ranks.gather({"part": part.to_json(), "timing": timing.to_json()}, "publish")
-        report, timings, failure = None, (), None
+        report, failure = None, None
+        timings: tuple[RankTiming, ...] = ()
         if gathered is not None:
             try:
                 parts = [DeltaPart.from_json(doc["part"]) for doc in gathered]

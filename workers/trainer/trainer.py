@@ -108,7 +108,7 @@ class Trainer:
         self.policy: ShardedPolicy | None = None  # sharded in start(), after the warm start
         self.learner: ShardedLearner | None = None
         self.sign = Signer.load(cfg.signing_key) if cfg.signing_key and leader else None
-        producer = {"run": cfg.run, "process": "trainer", "host": socket.gethostname()}
+        producer: dict[str, Any] = {"run": cfg.run, "process": "trainer", "host": socket.gethostname()}
         if self.ranks.sharded:
             producer["ranks"] = self.ranks.world
         self.publisher = VersionPublisher(self.store, self.layout, CodecParams(segment_bytes=cfg.segment_bytes),
@@ -193,7 +193,7 @@ class Trainer:
         cfg = self.config
         self._shard()
         info, saved = checkpoint.load(cfg.checkpoint_dir, self.policy, self.learner.optimizer, self.ranks)
-        found = None
+        found: dict[str, Any] | None = None
         if self.ranks.leader:
             latest = self.store.latest_version()
             if latest is None:
