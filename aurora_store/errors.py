@@ -120,3 +120,7 @@ class EngineError(AuroraError, RuntimeError):
 
 class ConfigError(AuroraError, ValueError):
     """Configuration is missing or invalid."""
+
+
+class PlanError(AuroraError, ValueError):
+    """A deployment plan (``aurora plan``) is malformed: unknown model, missing field, value out of range."""
