@@ -81,17 +81,31 @@ def from_wan(doc: Mapping[str, Any]) -> Calibration:
             cal = cal.merge(Calibration({"mathis_c": statistics.median(constants)}))
     e2e = doc.get("e2e")
     if isinstance(e2e, Mapping) and isinstance(e2e.get("modes"), Mapping) and "ideal" in e2e["modes"]:
-        cal = cal.merge(from_run(e2e["modes"]["ideal"]))
+        ideal = e2e["modes"]["ideal"]
+        skip = int((e2e.get("config") or {}).get("skip_steps", 2))
+        intervals = {skip + 1 + i: s for i, s in enumerate(ideal.get("step_intervals_s") or [])}
+        cal = cal.merge(from_run(ideal, intervals))
     return cal
 
 
-def from_run(summary: Mapping[str, Any]) -> Calibration:
-    """A real run's component costs: median training and publishing time per step, generation makespan, and
-    the delta size (as density × bytes per changed element of the planned model)."""
+def from_run(summary: Mapping[str, Any], intervals: Mapping[int, float] | None = None) -> Calibration:
+    """A real run's component costs: the trainer's serial time per step, publishing time, generation makespan,
+    and the delta size (as density × bytes per changed element of the planned model).
+
+    ``summary`` is the trainer's (``step_times``: per step ``wait_s``, ``train_s``, ``publish_s``,
+    ``makespan_s``). With the measured step ``intervals`` (step → seconds since the previous step record), the
+    trainer's serial time counts everything it does between collecting one batch and waiting for the next
+    except publishing (dispatch, rewards, training, its checkpoint): ``interval − wait − publish``. Without
+    them it is the training time alone.
+    """
     times = summary.get("step_times") or []
     if not times:
         raise PlanError("run summary has no step_times to calibrate from")
     train = _median([t.get("train_s") for t in times[1:]] or [t.get("train_s") for t in times])
+    if intervals:
+        serial = [seconds - (times[step - 1].get("wait_s") or 0.0) - (times[step - 1].get("publish_s") or 0.0)
+                  for step, seconds in intervals.items() if 1 <= step <= len(times)]
+        train = _median(serial) if serial else train
     publish = _median([t.get("publish_s") for t in times[1:]] or [t.get("publish_s") for t in times])
     makespan = _median([t.get("makespan_s") for t in times[2:]] or [t.get("makespan_s") for t in times])
     full = summary.get("full_bytes")

@@ -56,6 +56,14 @@ class Costs:
     stream_efficiency: float = 0.95  # share of the link rate one loss-free stream achieves (headers, slow start)
     control_s: float = 0.05  # per step: dispatch, commit and result round trips on the control plane (+ RTT)
     heartbeat_s: float = 1.0  # actors report "staged" with their next heartbeat: on average half of this
+    # An actor that finds no work re-measures its capacity (one generation batch) if its last measurement is
+    # older than recalibrate_idle_s; leases arriving meanwhile wait. 0 = measurements cost nothing.
+    calibrate_s: float = 0.0
+    recalibrate_idle_s: float = 5.0
+    work_poll_s: float = 0.2  # an idle actor first waits this long for leases (a blocking read) before measuring
+    # Generation time of one actor's share varies from step to step (sampled lengths): its coefficient of
+    # variation. It decides who waits for whom, and so who sits idle.
+    gen_cv: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -133,7 +141,7 @@ def validate(plan: Plan) -> Plan:
     if plan.steps < 4:
         raise PlanError("steps must be at least 4 (the first two are the pipeline filling)")
     for f in dataclasses.fields(plan.costs):
-        _positive(f"costs.{f.name}", getattr(plan.costs, f.name))
+        _positive(f"costs.{f.name}", getattr(plan.costs, f.name), zero_ok=f.name in ("calibrate_s", "gen_cv"))
     return plan
 
 

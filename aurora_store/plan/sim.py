@@ -55,6 +55,19 @@ class Actor:
     down: list[tuple[float, float]] = field(default_factory=list)  # (preempted at, back at)
     intervals: list[tuple[float, float]] = field(default_factory=list)  # generating
     rejoined: int = 0  # how many of its outages it has come back from
+    calibrated_at: float = 0.0  # end of its last capacity measurement
+    free_at: float = 0.0  # end of its last batch
+
+    def idle_until(self, lease_at: float, costs) -> float:
+        """When the actor can start on a lease arriving at ``lease_at``: while idle, its loop re-measures
+        capacity whenever the last measurement is older than ``recalibrate_idle_s`` (workers/actor)."""
+        t = self.free_at
+        while costs.calibrate_s > 0:
+            due = max(t + costs.work_poll_s, self.calibrated_at + costs.recalibrate_idle_s)
+            if due >= lease_at:
+                break
+            self.calibrated_at = t = due + costs.calibrate_s
+        return max(lease_at, t)
 
     def alive_at(self, t: float) -> bool:
         return not any(a <= t < b for a, b in self.down)
@@ -311,7 +324,7 @@ class Simulation:
         start: dict[str, float] = {}
         for a in eligible:
             share = plan.batch_size * a.tokens_per_s / total
-            lease_at = now + a.region.rtt_ms / 2000
+            lease_at = a.idle_until(now + a.region.rtt_ms / 2000, plan.costs)
             activate = 0.0
             if a in commit:
                 # activation at the batch boundary: an in-place sparse scatter, or loading full weights
@@ -319,7 +332,8 @@ class Simulation:
                                                else plan.costs.apply_gb_per_s) * 1e9)
                 a.active = version
             start[a.actor_id] = lease_at + activate
-            finish[a.actor_id] = start[a.actor_id] + share * plan.tokens_per_rollout / a.tokens_per_s
+            jitter = max(0.5, self.rng.gauss(1.0, plan.costs.gen_cv)) if plan.costs.gen_cv > 0 else 1.0
+            finish[a.actor_id] = start[a.actor_id] + jitter * share * plan.tokens_per_rollout / a.tokens_per_s
         # preemptions mid-batch: the lost share expires after a lease and is re-granted to the survivors
         gen = [finish[a.actor_id] - start[a.actor_id] for a in eligible]
         lease_s = plan.lease_factor * statistics.median(gen)
@@ -342,6 +356,7 @@ class Simulation:
                     / b.tokens_per_s
         for a in eligible:
             a.intervals.append((start[a.actor_id], finish[a.actor_id]))
+            a.free_at = finish[a.actor_id]
         done = max(finish[a.actor_id] + a.region.rtt_ms / 2000 for a in eligible) + plan.costs.control_s
         yield env.timeout(max(0.0, done - env.now))
         record.collected_s = env.now
