@@ -46,6 +46,11 @@ def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def expected_max_normal(n: int) -> float:
+    """E[max of n standard normal draws] (Blom's approximation)."""
+    return statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
+
+
 def from_codec(doc: Mapping[str, Any]) -> Calibration:
     costs = {k: float(doc[k]) for k in ("encode_gb_per_s", "apply_gb_per_s") if doc.get(k)}
     plan = {"bytes_per_changed": float(doc["bytes_per_changed"])} if doc.get("bytes_per_changed") else {}
@@ -162,5 +167,7 @@ def apply(plan: Plan, cal: Calibration) -> Plan:
         rtt = max(r.rtt_ms for r in plan.regions if r.actors) / 1000
         activate = plan.full_bytes / (costs.apply_gb_per_s * 1e9)
         gen = max(cal.makespan_s - costs.control_s - rtt - activate, 1e-3)
+        # a makespan is the slowest share's: the simulation draws each share's time around the mean
+        gen /= 1 + costs.gen_cv * expected_max_normal(sum(r.actors for r in plan.regions))
         changes["tokens_per_rollout"] = gen * rate / plan.batch_size
     return validate(dataclasses.replace(plan, costs=costs, **changes))

@@ -304,6 +304,10 @@ class Simulation:
                 if not a.alive_at(now):
                     continue
                 self._rejoin(a, now, version)
+                # A lagging actor activates every committed version it has staged, in order (commits go to
+                # everyone, not only to the actors a step is dispatched to), so it can catch up to v − 1.
+                while a.active < version - 1 and self._known_staged(a, a.active + 1) <= now:
+                    a.active += 1
                 if a.active == version:
                     ready.append(a)
                 elif a.active == version - 1 and self._known_staged(a, version) <= now:
