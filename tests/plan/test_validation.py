@@ -56,6 +56,7 @@ def test_plan_predicts_a_real_run_within_20_percent(tmp_path):
     cal = dataclasses.replace(cal, makespan_s=None)  # generation comes from the configuration, not the run
     assert "train_s" in cal.plan and "encode_gb_per_s" in cal.costs
     predicted = simulate(calibrate.apply(plan, cal)).step_s
+    print(f"real run: measured {measured:.2f} s/step, predicted {predicted:.2f} s/step")
     assert abs(predicted / measured - 1) <= TOLERANCE, (predicted, measured, cal, summary["step_times"])
 
 
