@@ -138,8 +138,14 @@ def validate(plan: Plan) -> Plan:
         _positive(name, getattr(plan, name), zero_ok=True)
     if not 0 < plan.density <= 1:
         raise PlanError(f"density must be in (0, 1], got {plan.density!r}")
-    if plan.steps < 4:
-        raise PlanError("steps must be at least 4 (the first two are the pipeline filling)")
+    if not 4 <= plan.steps <= 5000:
+        raise PlanError("steps must be in [4, 5000] (the first two are the pipeline filling)")
+    # bounds that keep a simulation to seconds: beyond them the answer is obvious anyway
+    if plan.actors > 20_000:
+        raise PlanError(f"at most 20000 actors, got {plan.actors}")
+    if plan.preempt_per_hour > 20:
+        raise PlanError(f"preempt_per_hour above 20 (a spot VM living minutes) is not a deployment: "
+                        f"{plan.preempt_per_hour}")
     for f in dataclasses.fields(plan.costs):
         _positive(f"costs.{f.name}", getattr(plan.costs, f.name), zero_ok=f.name in ("calibrate_s", "gen_cv"))
     return plan

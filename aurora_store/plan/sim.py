@@ -146,7 +146,7 @@ class Simulation:
     def _draw_preemptions(self) -> None:
         if self.plan.preempt_per_hour <= 0:
             return
-        horizon = 10 * 24 * 3600.0
+        horizon = 2 * 24 * 3600.0  # preemption times are drawn this far ahead (a run longer than that stops)
         for actor in self.actors:
             if not actor.region.spot:
                 continue
@@ -295,7 +295,6 @@ class Simulation:
     def _dispatch(self, step: int, version: int):
         """start_step + collect of one batch, as the dispatcher and the ledger do it."""
         plan, env = self.plan, self.env
-        self.dispatched = max(getattr(self, "dispatched", 0), version)
         waited_from = env.now
         while True:
             now = env.now

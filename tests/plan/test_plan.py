@@ -41,6 +41,7 @@ def test_qwen3_sizes_match_the_published_parameter_counts():
     ({"density": 0.0}, "density"), ({"batch_size": -1}, "batch_size"), ({"home": "mars"}, "home region"),
     ({"regions": [{"name": "us", "actors": 0}]}, "at least one actor"), ({"bogus": 1}, "unknown field"),
     ({"regions": [{"name": "us", "actors": 1, "loss": 1.5}]}, "loss"), ({"steps": 2}, "steps"),
+    ({"preempt_per_hour": 100}, "preempt_per_hour"),
 ])
 def test_bad_plans_are_typed_errors(change, message):
     with pytest.raises(PlanError, match=message) as info:
