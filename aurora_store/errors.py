@@ -162,3 +162,7 @@ class ServiceError(AuroraError, RuntimeError):
 class ServerExitedError(ServiceError):
     """A local server process exited before it was ready, typically because a port chosen for it was taken
     by someone else between choosing and binding (ports come from ``bind(0)``, like outgoing connections')."""
+
+
+class PlanError(AuroraError, ValueError):
+    """A deployment plan (``aurora plan``) is malformed: unknown model, missing field, value out of range."""

@@ -19,6 +19,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "transfer": ("benchmarks.transfer", "upload/download over 1 vs S streams: local S3 server and a directory"),
     "extract": ("benchmarks.extract", "sharded trainer: per-step extraction + upload, 1 vs N ranks"),
     "activate": ("benchmarks.activate", "vLLM: in-place activation vs a full weight reload (needs vLLM)"),
+    "control_plane": ("benchmarks.control_plane", "control plane under N simulated actors: dispatch latency, "
+                                                  "settles/s, Redis load, safety"),
     "wan": ("benchmarks.wan_bench.cli", "delivery over emulated cross-region links: delta vs full, streams, "
                                         "cut-through, relays, end to end (needs root)"),
 }

@@ -47,7 +47,9 @@ def _coerce(cls, raw: Mapping[str, str]):
 
 def _fields(obj) -> dict[str, str]:
     out = {}
-    for key, value in asdict(obj).items():
+    # A shallow walk, not dataclasses.asdict: asdict deep-copies every value, and a step's dispatch converts
+    # thousands of leases (the values here are scalars, or JSON-ready lists/dicts dumped below anyway).
+    for key, value in ((f.name, getattr(obj, f.name)) for f in fields(obj)):
         if value is None:
             out[key] = ""
         elif isinstance(value, bool):

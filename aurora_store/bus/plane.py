@@ -119,7 +119,7 @@ class ControlPlane:
         """Live actors (heartbeat not expired) → ``(state, token)``; expired ones are pruned from the set."""
         def go(r: redis.Redis) -> dict[str, tuple[ActorState, str]]:
             ids = [streams.decode(i) for i in r.smembers(self.keys.actors)]
-            pipe = r.pipeline()
+            pipe = r.pipeline(transaction=False)  # independent reads: no MULTI/EXEC to queue and unwrap
             for actor_id in ids:
                 pipe.hgetall(self.keys.actor(actor_id))
             out = {}
@@ -174,9 +174,18 @@ class ControlPlane:
     # --- leases and results ----------------------------------------------------------------------
 
     def grant(self, actor_id: str, leases: Iterable[Lease]) -> None:
+        self.grant_many({actor_id: list(leases)})
+
+    def grant_many(self, grants: Mapping[str, Iterable[Lease]]) -> None:
+        """Append leases to several actors' work streams in one round trip (a step's dispatch to N actors must
+        not cost N round trips: each one also hands the GIL to other threads)."""
+        batch = [(actor_id, lease) for actor_id, leases in grants.items() for lease in leases]
+        if not batch:
+            return
+
         def go(r: redis.Redis) -> None:
-            pipe = r.pipeline()
-            for lease in leases:
+            pipe = r.pipeline(transaction=False)
+            for actor_id, lease in batch:
                 pipe.xadd(self.keys.work(actor_id), streams.redis_fields(lease.to_fields()),
                           maxlen=streams.DEFAULT_MAXLEN, approximate=True)
             pipe.execute()
@@ -231,8 +240,20 @@ class ControlPlane:
     # --- run log (for operators and notebooks) ---------------------------------------------------
 
     def log_event(self, kind: str, **fields: object) -> None:
-        payload = {"kind": kind, **{k: "" if v is None else v for k, v in fields.items()}}
-        self._redis.call(lambda r: streams.add(r, self.keys.run_log, payload, maxlen=100_000))
+        self.log_events([(kind, fields)])
+
+    def log_events(self, events: Iterable[tuple[str, Mapping[str, object]]]) -> None:
+        """Append several run-log records in one round trip (e.g. every settlement of one read)."""
+        payloads = [{"kind": kind, **{k: "" if v is None else v for k, v in fields.items()}} for kind, fields in events]
+        if not payloads:
+            return
+
+        def go(r: redis.Redis) -> None:
+            pipe = r.pipeline(transaction=False)
+            for payload in payloads:
+                pipe.xadd(self.keys.run_log, streams.encode(payload), maxlen=100_000, approximate=True)
+            pipe.execute()
+        self._redis.call(go)
 
     def run_log(self, count: int = 100_000) -> list[dict[str, str]]:
         entries = self._redis.call(lambda r: r.xrange(self.keys.run_log, count=count))

@@ -60,10 +60,13 @@ def _reply(reply: Any) -> list[list[Any]] | None:
     return cast("list[list[Any]] | None", reply)
 
 
+def encode(fields: Mapping[str, Any]) -> dict[FieldT, EncodableT]:
+    """Stream fields as Redis takes them: scalars as they are, anything structured as JSON."""
+    return {k: v if isinstance(v, (str, bytes, int, float)) else json.dumps(v) for k, v in fields.items()}
+
+
 def add(client: redis.Redis, stream: str, fields: Mapping[str, Any], *, maxlen: int = DEFAULT_MAXLEN) -> str:
-    encoded: dict[FieldT, EncodableT] = {k: v if isinstance(v, (str, bytes, int, float)) else json.dumps(v)
-                                         for k, v in fields.items()}
-    return decode(client.xadd(stream, encoded, maxlen=maxlen, approximate=True))
+    return decode(client.xadd(stream, encode(fields), maxlen=maxlen, approximate=True))
 
 
 def read(client: redis.Redis, streams: Mapping[str, str], *, block_ms: int | None = BLOCK_MS,

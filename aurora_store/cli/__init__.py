@@ -17,7 +17,7 @@ EXIT_OK, EXIT_PROBLEMS, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from aurora_store.cli import deltas, keygen, ops
+    from aurora_store.cli import deltas, keygen, ops, plan
 
     parser = argparse.ArgumentParser(
         prog="aurora", description="Sparse delta checkpoints for RL policy weights.",
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     deltas.register(sub)
     ops.register(sub)
     keygen.register(sub)
+    plan.register(sub)
     return parser
 
 

@@ -8,6 +8,7 @@ pool and are re-granted to whoever is eligible, so a vanished actor costs throug
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from collections import Counter
@@ -128,13 +129,13 @@ class Dispatcher:
         shares = (allocate(len(prompts), dict.fromkeys(elig.eligible, 1.0)) if self.uniform
                   else self.estimator.shares(len(prompts), elig.eligible))
         now = self.plane.now_ms()
+        grants = {}
         for actor_id, count in shares.items():
-            leases = ledger.grant(actor_id, count, now)
-            if leases:
-                self.plane.grant(actor_id, leases)
+            grants[actor_id] = leases = ledger.grant(actor_id, count, now)
             self.metrics.leases.labels("granted").inc(len(leases))
             self.metrics.share.labels(actor_id).set(count)
             self.metrics.throughput_estimate.labels(actor_id).set(self.estimator.get(actor_id))
+        self.plane.grant_many(grants)  # one round trip for all actors: N actors must not cost N round trips
         self.plane.log_event("dispatch", step=step, version=version, shares=shares,
                              excluded=list(elig.excluded), need_commit=list(elig.need_commit),
                              lease_ms=self.policy.duration_ms(),
@@ -168,8 +169,10 @@ class Dispatcher:
         while len(batch) >= 100:  # drain everything already in the stream before expiring
             batch = self.plane.read_results(self.consumer, block_ms=None)
             entries += batch
+        settled: list[tuple[str, dict]] = []
         for _, arrival, result in entries:
-            self._handle(ledger, result, arrival)
+            self._handle(ledger, result, arrival, settled)
+        self.plane.log_events(settled)  # one round trip for the whole read, not one per result
         self.plane.ack_results([entry_id for entry_id, _, _ in entries])
         expired = ledger.expire(now)
         if expired:
@@ -180,7 +183,8 @@ class Dispatcher:
         if ledger.pool:
             self._regrant(ledger)
 
-    def _handle(self, ledger: StepLedger, result: RolloutResult | None, arrival: int) -> None:
+    def _handle(self, ledger: StepLedger, result: RolloutResult | None, arrival: int,
+                settled: list[tuple[str, dict]]) -> None:
         self.stats.results_received += 1
         self.metrics.results.inc()
         if result is not None and result.kind == "return":
@@ -201,13 +205,12 @@ class Dispatcher:
             self.stats.rejected[verdict.reason] += 1
             self.metrics.rollouts.labels("rejected", verdict.reason).inc()
         lease = verdict.lease.lease if verdict.lease is not None else None
-        self.plane.log_event("settle", trainer=self.consumer, step=ledger.step, actor=getattr(result, "actor_id", ""),
-                             version=getattr(result, "version", None), digest=getattr(result, "weights_digest", None),
-                             job_version=lease.version if lease else None,
-                             job_digest=lease.weights_digest if lease else None,
-                             expires_ms=lease.expires_ms if lease else None, arrival_ms=arrival,
-                             prompt=lease.prompt_id if lease else None, accepted=int(verdict.accepted),
-                             reason=verdict.reason)
+        settled.append(("settle", dict(
+            trainer=self.consumer, step=ledger.step, actor=getattr(result, "actor_id", ""),
+            version=getattr(result, "version", None), digest=getattr(result, "weights_digest", None),
+            job_version=lease.version if lease else None, job_digest=lease.weights_digest if lease else None,
+            expires_ms=lease.expires_ms if lease else None, arrival_ms=arrival,
+            prompt=lease.prompt_id if lease else None, accepted=int(verdict.accepted), reason=verdict.reason)))
         if self.on_verdict is not None:
             self.on_verdict(verdict.reason, result, verdict)
 
@@ -218,10 +221,17 @@ class Dispatcher:
         self.commit(ledger.version)
         now = self.plane.now_ms()
         outstanding = Counter(r.actor_id for r in ledger.leases.values() if r.state == "active")
-        # Whoever has the least outstanding work relative to its speed gets the next prompt.
+        # Whoever has the least outstanding work relative to its speed gets the next prompt: a heap keyed by
+        # that load, so re-granting P prompts among N actors costs O((N + P) log N), not O(P·N).
+        speed = {a: self.estimator.get(a) for a in elig.eligible}
+        heap = [((outstanding[a] + 1) / speed[a], a) for a in elig.eligible]
+        heapq.heapify(heap)
+        grants: dict[str, list] = {}
         while ledger.pool:
-            actor_id = min(elig.eligible, key=lambda a: ((outstanding[a] + 1) / self.estimator.get(a), a))
+            _, actor_id = heapq.heappop(heap)
             leases = ledger.grant(actor_id, 1, now)
-            self.plane.grant(actor_id, leases)
+            grants.setdefault(actor_id, []).extend(leases)
             self.metrics.leases.labels("granted").inc(len(leases))
             outstanding[actor_id] += 1
+            heapq.heappush(heap, ((outstanding[actor_id] + 1) / speed[actor_id], actor_id))
+        self.plane.grant_many(grants)
