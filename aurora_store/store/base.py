@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,13 @@ class Bucket(ABC):
         except ObjectNotFoundError:
             return False
         return True
+
+    def fsspec_url(self) -> tuple[str, dict[str, Any]] | None:
+        """This bucket's root as an fsspec URL plus the ``storage_options`` that reach it — what pandas
+        (``read_parquet(url, storage_options=…)``), ``fsspec.core.url_to_fs`` (then ``pyarrow.dataset``), DuckDB
+        (``register_filesystem``) and Polars take. Credentials are not included: the filesystems read them from
+        the same places this backend does. None where no fsspec filesystem reaches the objects (``memory://``)."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
         """Release connections (no-op by default)."""
