@@ -162,11 +162,17 @@ PLAN_VARS = {
 }
 
 
+def remote_slots() -> list[str]:
+    """The AWS root's remote-region provider aliases (remote1…remoteN, see providers.tf)."""
+    return re.findall(r'alias\s*=\s*"(remote\d+)"', (TF / "aws" / "providers.tf").read_text())
+
+
 @dataclass
 class AwsRoots:
     validate_root: Path
     env: dict[str, str]
     plan: Future  # -> `terraform show -json` of the offline plan
+    deploy_plan: Future  # -> the same, of docs/DEPLOY.md's minimal AWS tfvars
 
 
 def _offline_plan(root: Path, env: dict[str, str]) -> dict:
@@ -195,15 +201,61 @@ def aws_roots() -> Iterator[AwsRoots]:
         plan_root = copy_tree(workdir / "plan") / "aws"
         (plan_root / "offline_override.tf").write_text("".join(
             OFFLINE_PROVIDER.format(alias=f'  alias = "{alias}"\n' if alias else "")
-            for alias in (None, "remote1", "remote2", "remote3")))
+            for alias in (None, *remote_slots())))
         (plan_root / "test.tfvars.json").write_text(json.dumps(PLAN_VARS))
+        deploy_root = copy_tree(workdir / "deploy") / "aws"
+        (deploy_root / "offline_override.tf").write_text((plan_root / "offline_override.tf").read_text())
+        (deploy_root / "test.tfvars.json").write_text(json.dumps({**deploy_tfvars()["aws"], **DEPLOY_OFFLINE_VARS}))
         init = ["init", "-backend=false", "-input=false", f"-plugin-dir={plugins}", "-no-color"]
-        for done in [pool.submit(terraform, init, root, env) for root in (validate_root, plan_root)]:
+        roots = (validate_root, plan_root, deploy_root)
+        for done in [pool.submit(terraform, init, root, env) for root in roots]:
             done.result()
-        yield AwsRoots(validate_root, env, pool.submit(_offline_plan, plan_root, env))
+        yield AwsRoots(validate_root, env, pool.submit(_offline_plan, plan_root, env),
+                       pool.submit(_offline_plan, deploy_root, env))
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+# --- helpers: docs/DEPLOY.md ------------------------------------------------------------------------------------
+
+DEPLOY = REPO / "docs" / "DEPLOY.md"
+# What only the offline plan needs on top of the walkthrough's tfvars: zones and GC principals (else data sources
+# call the API) and the AUTH token the walkthrough exports as TF_VAR_redis_auth_token.
+DEPLOY_OFFLINE_VARS = {
+    "availability_zones": {"us-east-1": ["us-east-1a", "us-east-1b"], "eu-west-1": ["eu-west-1a", "eu-west-1b"]},
+    "gc_principal_arns": ["arn:aws:iam::123456789012:role/ops"],
+    "redis_auth_token": "0123456789abcdef0123456789abcdef",
+}
+
+
+def deploy_blocks(language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", DEPLOY.read_text(), re.S | re.M)
+
+
+@functools.cache
+def deploy_tfvars() -> dict[str, dict]:
+    """The walkthrough's terraform.tfvars per cloud (each block names its file on its first line)."""
+    hcl2 = pytest.importorskip("hcl2", reason="python-hcl2 is not installed (pip install python-hcl2)")
+    options = hcl2.SerializationOptions(strip_string_quotes=True, explicit_blocks=False)
+    found = {}
+    for block in deploy_blocks("hcl"):
+        cloud = re.match(r"# infra/terraform/(aws|gcp)/terraform\.tfvars\n", block)
+        assert cloud, f"a tfvars block of DEPLOY.md does not name its file: {block[:80]!r}"
+        found[cloud.group(1)] = {k: v for k, v in hcl2.loads(block, serialization_options=options).items()
+                                 if k != "__comments__"}
+    assert set(found) == {"aws", "gcp"}
+    return found
+
+
+def deploy_shell_commands() -> list[list[str]]:
+    """Every command line of the walkthrough's sh blocks, split like a shell would (comments dropped, $(…) kept)."""
+    commands = []
+    for block in deploy_blocks("sh"):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.strip():
+                commands.append(shlex.split(line, comments=True))
+    return commands
 
 
 @pytest.fixture(scope="module")
@@ -379,6 +431,9 @@ def test_example_tfvars_set_declared_variables(cloud):
     assert required <= set(example), f"the example lacks {sorted(required - set(example))}"
     assert re.fullmatch(r"[a-z][a-z0-9-]{0,19}", example["run"])
     assert example["home_region"] not in example["remote_regions"]
+    from aurora_store.trust import Verifier
+
+    Verifier.load(example["trainer_public_key"])  # a key actors accept (raw Ed25519, as `aurora keygen` writes)
 
 
 # --- the startup scripts against the real command lines --------------------------------------------------------
@@ -575,7 +630,7 @@ def test_aws_remote_region_slots_agree():
     root = TF / "aws"
     providers = (root / "providers.tf").read_text()
     main = (root / "main.tf").read_text()
-    aliases = re.findall(r'alias\s*=\s*"(remote\d+)"', providers)
+    aliases = remote_slots()
     modules = re.findall(r'^module "(remote\d+)"', main, re.M)
     slots = [f"remote{i}" for i in range(1, len(aliases) + 1)]
     assert aliases == modules == slots
@@ -993,3 +1048,71 @@ def _policy_support(client) -> tuple[bool, bool]:
             outcomes.append(False)
     unconditional_allowed, conditional_allowed = outcomes
     return not unconditional_allowed, conditional_allowed
+
+
+# --- docs/DEPLOY.md: every command and setting it shows is one these checks run ----------------------------------
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_deploy_tfvars_set_declared_variables(cloud):
+    variables = named(hcl_dir(TF / cloud), "variable")
+    example = deploy_tfvars()[cloud]
+    assert set(example) <= set(variables), f"undeclared: {sorted(set(example) - set(variables))}"
+    required = {name for name, v in variables.items() if "default" not in v} - {"redis_auth_token"}
+    assert required <= set(example), f"the walkthrough lacks {sorted(required - set(example))}"
+    if "redis_auth_token" in variables:
+        assert 'export TF_VAR_redis_auth_token="$(openssl rand -hex 32)"' in DEPLOY.read_text()
+
+
+def test_deploy_aws_tfvars_plan_offline_and_start_the_trainer(aws_roots):
+    plan = aws_roots.deploy_plan.result(timeout=300)
+    outputs = plan["planned_values"]["outputs"]
+    home = outputs["home_bucket_url"]["value"]
+    assert home == "s3://acme-aurora-grpo-1-us-east-1/grpo-1?region=us-east-1"
+    assert f'location("{home}")' in DEPLOY.read_text()  # the pandas example reads this very bucket
+    launch, config = parse_trainer(exec_argv(outputs["trainer_user_data"]["value"], "aurora-trainer")[0])
+    assert launch.nproc_per_node == "4"  # trainer_gpus' default, for the default g6e.12xlarge
+    assert (config.bucket, config.run, config.steps, config.metrics_port) == (home, "grpo-1", 2000, 9400)
+    assert set(outputs["actor_user_data"]["value"]) == {"us-east-1", "eu-west-1"}
+    (instance,) = _changes(plan, "aws_instance").values()
+    assert instance["instance_type"] == "g6e.12xlarge"
+
+
+def test_deploy_commands_are_the_ones_checked(tmp_path, monkeypatch):
+    from aurora_store.cli import build_parser
+    from aurora_store.trust import Signer, Verifier
+
+    text = DEPLOY.read_text()
+    outputs = {cloud: set(named(hcl_dir(TF / cloud), "output")) for cloud in ("aws", "gcp")}
+    for name in re.findall(r"terraform output (?:-raw |-json )?(\w+)", text):
+        assert name in outputs["aws"] | outputs["gcp"], f"DEPLOY.md reads an undeclared output {name}"
+    for name in ("home_bucket_url", "redis_url", "trainer_signing_key_secret"):
+        assert name in outputs["aws"] & outputs["gcp"], name
+    variables = set(named(hcl_dir(TF / "aws"), "variable"))
+    for name in re.findall(r"-var (\w+)=", text):
+        assert name in variables, f"DEPLOY.md sets an undeclared variable {name}"
+    for name in re.findall(r"`(\w+)`", text):  # settings named in the prose exist in one of the roots
+        if name.startswith(("trainer_", "actor_", "force_destroy", "signing_key", "redis_allowed")):
+            assert name in variables | set(named(hcl_dir(TF / "gcp"), "variable")), name
+
+    commands = deploy_shell_commands()
+    assert ["terraform", "init"] in commands and ["terraform", "apply"] in commands
+    assert ["terraform", "destroy"] in commands
+    aurora = [argv for argv in commands if argv[0] == "aurora"]
+    assert {argv[1] for argv in aurora} >= {"keygen", "status", "log"}
+    parser = build_parser()
+    for argv in aurora:
+        parser.parse_args([a.replace("$(", "").replace(")", "") for a in argv[1:]])
+    # keygen as written: the private key file is what goes into the secret, the public one into the tfvars.
+    monkeypatch.chdir(tmp_path)
+    (keygen,) = [argv for argv in aurora if argv[1] == "keygen"]
+    from aurora_store.cli import main
+
+    assert main(keygen[1:]) == 0
+    assert "file://../../../keys/trainer.key" in text and "--data-file=../../../keys/trainer.key" in text
+    Signer.load((tmp_path / "keys" / "trainer.key").read_text().strip())  # as the unit's fetcher writes it
+    public = (tmp_path / "keys" / "trainer.pub").read_text().strip()
+    Verifier.load(public)
+    assert re.fullmatch(r"[A-Za-z0-9+/=]+", public)  # passes trainer_public_key's validation
+    for cloud in ("aws", "gcp"):
+        Verifier.load(deploy_tfvars()[cloud]["trainer_public_key"])

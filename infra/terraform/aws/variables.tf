@@ -48,8 +48,8 @@ variable "package_spec" {
   description = "pip requirement for the aurora package, e.g. \"aurora-rl[rl] @ https://example.com/aurora_rl-0.1.0-py3-none-any.whl\"."
   type        = string
   validation {
-    condition     = length(var.package_spec) > 0 && !can(regex("'", var.package_spec))
-    error_message = "package_spec must be non-empty and contain no single quote."
+    condition     = can(regex("^[A-Za-z0-9_.,\\[\\]-]+ *(==|@) *[^ ']+$", var.package_spec))
+    error_message = "package_spec must pin one version (aurora-rl[rl]==0.1.0, or name @ a wheel URL) and contain no single quote: every machine of a run must run the same code."
   }
 }
 
