@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import fsspec
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
@@ -105,13 +104,13 @@ def location(store_or_url: DeltaStore | str) -> tuple[str, dict[str, Any]] | Non
 def dataset(store_or_url: DeltaStore | str) -> ds.Dataset:
     """The history as a ``pyarrow.dataset`` with :data:`SCHEMA` (listed afresh on every call)."""
     store = _store(store_or_url)
-    found = location(store)
+    found = store.bucket.fsspec_filesystem()
     if found is None:  # no fsspec filesystem reaches this bucket: the same files, read through the bucket
         tables = [pq.read_table(io.BytesIO(store.get_object(key)))
                   for key in store.list_objects(keys.HISTORY) if key.endswith(".parquet")]
         return ds.dataset(tables or [SCHEMA.empty_table()], schema=SCHEMA)
-    url, options = found
-    fs, path = fsspec.core.url_to_fs(url, **options)
+    fs, root = found
+    path = f"{root.rstrip('/')}/{keys.HISTORY.rstrip('/')}"
     fs.invalidate_cache(path)  # fsspec reuses filesystem instances: never answer from an older listing
     try:
         return ds.dataset(path, filesystem=fs, format="parquet", schema=SCHEMA)

@@ -74,6 +74,17 @@ class Bucket(ABC):
         the same places this backend does. None where no fsspec filesystem reaches the objects (``memory://``)."""
         return None
 
+    def fsspec_filesystem(self) -> tuple[Any, str] | None:
+        """The fsspec filesystem of :meth:`fsspec_url` and this bucket's root path in it (what
+        ``pyarrow.dataset`` takes); None where :meth:`fsspec_url` is None."""
+        found = self.fsspec_url()
+        if found is None:
+            return None
+        import fsspec
+
+        url, options = found
+        return fsspec.core.url_to_fs(url, **options)
+
     def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
         """Release connections (no-op by default)."""
 

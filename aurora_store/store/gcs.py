@@ -72,6 +72,10 @@ class GCSBucket(Bucket):
     def fsspec_url(self) -> tuple[str, dict[str, Any]]:
         return f"gs://{self.bucket}/{self.prefix}".rstrip("/"), dict(self._options)
 
+    def fsspec_filesystem(self) -> tuple[Any, str]:
+        # This bucket's own JSON-API filesystem (see __init__), not what fsspec maps gs:// to.
+        return self.fs, "/".join(p for p in (self.bucket, self.prefix) if p)
+
     def _path(self, key: str) -> str:
         check_key(key)
         return "/".join(p for p in (self.bucket, self.prefix, key) if p)

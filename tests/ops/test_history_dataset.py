@@ -120,3 +120,18 @@ def test_a_memory_bucket_has_no_fsspec_location_but_loads(capsys):
     build_bucket(url, versions=2, snapshots=(0,))
     assert history.location(url) is None
     assert normalised(history.load(url).to_pylist()) == log_rows(url, capsys)
+
+
+@pytest.mark.gcs
+def test_the_gcs_history_is_a_dataset_through_gcsfs(gcs_bucket_url, capsys):
+    gcsfs = pytest.importorskip("gcsfs", reason="gcsfs is not installed (pip install 'aurora-rl[gcs]')")
+    build_bucket(gcs_bucket_url, versions=2, snapshots=(0,))
+    expected = log_rows(gcs_bucket_url, capsys)
+    dataset_url, options = history.location(gcs_bucket_url)
+    assert dataset_url.startswith("gs://") and dataset_url.endswith("/history/")
+    assert options["token"] == "anon" and options["endpoint_url"]  # the emulator, reached as the bucket is
+    # pandas with gcsfs's JSON-API filesystem (plain gs:// storage_options pick gcsfs's gRPC-probing default,
+    # which stalls against an emulator; on GCS itself storage_options=options is all it takes).
+    frame = pd.read_parquet(dataset_url.removeprefix("gs://"), filesystem=gcsfs.core.GCSFileSystem(**options))
+    assert pandas_rows(frame) == expected
+    assert normalised(history.load(gcs_bucket_url).to_pylist()) == expected
