@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,24 @@ class Bucket(ABC):
         except ObjectNotFoundError:
             return False
         return True
+
+    def fsspec_url(self) -> tuple[str, dict[str, Any]] | None:
+        """This bucket's root as an fsspec URL plus the ``storage_options`` that reach it — what pandas
+        (``read_parquet(url, storage_options=…)``), ``fsspec.core.url_to_fs`` (then ``pyarrow.dataset``), DuckDB
+        (``register_filesystem``) and Polars take. Credentials are not included: the filesystems read them from
+        the same places this backend does. None where no fsspec filesystem reaches the objects (``memory://``)."""
+        return None
+
+    def fsspec_filesystem(self) -> tuple[Any, str] | None:
+        """The fsspec filesystem of :meth:`fsspec_url` and this bucket's root path in it (what
+        ``pyarrow.dataset`` takes); None where :meth:`fsspec_url` is None."""
+        found = self.fsspec_url()
+        if found is None:
+            return None
+        import fsspec
+
+        url, options = found
+        return fsspec.core.url_to_fs(url, **options)
 
     def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
         """Release connections (no-op by default)."""

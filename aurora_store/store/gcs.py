@@ -58,6 +58,7 @@ class GCSBucket(Bucket):
             options.setdefault("use_listings_cache", False)
             fs = gcsfs.core.GCSFileSystem(**options)
         self.fs = fs
+        self._options = dict(options)
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         # Keep what locates the bucket and the anonymous mode (no secret) so that open_bucket(url) reopens it.
@@ -67,6 +68,13 @@ class GCSBucket(Bucket):
         self.url = f"gs://{bucket}/{self.prefix}".rstrip("/") + (f"?{query}" if query else "")
         if check:
             self._wrap("open bucket", None, lambda: self.fs.ls(bucket, detail=False))
+
+    def fsspec_url(self) -> tuple[str, dict[str, Any]]:
+        return f"gs://{self.bucket}/{self.prefix}".rstrip("/"), dict(self._options)
+
+    def fsspec_filesystem(self) -> tuple[Any, str]:
+        # This bucket's own JSON-API filesystem (see __init__), not what fsspec maps gs:// to.
+        return self.fs, "/".join(p for p in (self.bucket, self.prefix) if p)
 
     def _path(self, key: str) -> str:
         check_key(key)

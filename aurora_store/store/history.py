@@ -1,7 +1,12 @@
-"""The delta history as Parquet: one immutable ``history/<version>.parquet`` object per published version.
+"""The delta history as Parquet: one ``history/<version>.parquet`` object per published version.
 
 Writing one object per version (instead of rewriting a growing file) keeps appends race-free and
-idempotent on every backend; :func:`load` concatenates them into one ``pyarrow.Table``.
+idempotent on every backend. ``history/`` holds nothing else, every file has :data:`SCHEMA`, so the folder is a
+Parquet dataset that any fsspec-based reader opens directly — ``pyarrow.dataset``, pandas
+(``read_parquet(url, storage_options=…)``), DuckDB, Polars — from a directory, ``s3://`` (s3fs) or ``gs://``
+(gcsfs). :func:`location` gives that URL and its ``storage_options`` for a bucket URL; :func:`load` is a thin
+wrapper over ``pyarrow.dataset``. (A local bucket's in-flight writes are ``.aurora-tmp-*`` files, which
+dataset readers skip like every name starting with ``.``.)
 """
 
 from __future__ import annotations
@@ -9,8 +14,10 @@ from __future__ import annotations
 import io
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from aurora_store.store import object_names
@@ -78,17 +85,42 @@ def record(store: DeltaStore, row: HistoryRow) -> None:
     store.put_object(object_names.history(row.version), sink.getvalue())
 
 
+def _store(store_or_url: DeltaStore | str) -> DeltaStore:
+    return DeltaStore(store_or_url) if isinstance(store_or_url, str) else store_or_url
+
+
+def location(store_or_url: DeltaStore | str) -> tuple[str, dict[str, Any]] | None:
+    """The history dataset's URL (``…/history/``) and the fsspec ``storage_options`` that reach it, e.g.
+    ``("s3://bucket/run/history/", {"endpoint_url": …, "client_kwargs": {"region_name": …}})``: pass both to
+    ``pandas.read_parquet`` or ``fsspec.core.url_to_fs``. None for a bucket no fsspec filesystem reaches
+    (``memory://``)."""
+    found = _store(store_or_url).bucket.fsspec_url()
+    if found is None:
+        return None
+    root, options = found
+    return f"{root.rstrip('/')}/{object_names.HISTORY}", options
+
+
+def dataset(store_or_url: DeltaStore | str) -> ds.Dataset:
+    """The history as a ``pyarrow.dataset`` with :data:`SCHEMA` (listed afresh on every call)."""
+    store = _store(store_or_url)
+    found = store.bucket.fsspec_filesystem()
+    if found is None:  # no fsspec filesystem reaches this bucket: the same files, read through the bucket
+        tables = [pq.read_table(io.BytesIO(store.get_object(key)))
+                  for key in store.list_objects(object_names.HISTORY) if key.endswith(".parquet")]
+        return ds.dataset(tables or [SCHEMA.empty_table()], schema=SCHEMA)
+    fs, root = found
+    path = f"{root.rstrip('/')}/{object_names.HISTORY.rstrip('/')}"
+    fs.invalidate_cache(path)  # fsspec reuses filesystem instances: never answer from an older listing
+    try:
+        return ds.dataset(path, filesystem=fs, format="parquet", schema=SCHEMA)
+    except FileNotFoundError:  # no version published with history yet
+        return ds.dataset([SCHEMA.empty_table()], schema=SCHEMA)
+
+
 def load(store_or_url: DeltaStore | str) -> pa.Table:
     """All history rows of a bucket, sorted by version (an empty table with the schema if there are none)."""
-    store = DeltaStore(store_or_url) if isinstance(store_or_url, str) else store_or_url
-    tables = []
-    for key in store.list_objects(object_names.HISTORY):
-        if key.endswith(".parquet"):
-            tables.append(pq.read_table(io.BytesIO(store.get_object(key))).cast(SCHEMA))
-    if not tables:
-        return SCHEMA.empty_table()
-    table = pa.concat_tables(tables)
-    return table.sort_by("version")
+    return dataset(store_or_url).to_table().sort_by("version")
 
 
 def rows_from_manifests(store: DeltaStore) -> pa.Table:

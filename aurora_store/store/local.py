@@ -11,6 +11,7 @@ import contextlib
 import os
 import uuid
 from pathlib import Path
+from typing import Any
 
 from aurora_store.errors import BucketNotFoundError, ObjectExistsError, ObjectNotFoundError, StoreError
 from aurora_store.store.base import Bucket, Capabilities, check_key
@@ -28,6 +29,9 @@ class LocalBucket(Bucket):
             self.root.mkdir(parents=True, exist_ok=True)
         elif not self.root.is_dir():
             raise BucketNotFoundError(f"bucket directory {self.root} does not exist")
+
+    def fsspec_url(self) -> tuple[str, dict[str, Any]]:
+        return str(self.root), {}
 
     def _path(self, key: str) -> Path:
         return self.root / check_key(key)

@@ -66,6 +66,13 @@ class S3Bucket(Bucket):
             self._local.client = client
         return client
 
+    def fsspec_url(self) -> tuple[str, dict[str, Any]]:
+        # s3fs finds credentials where boto3 does (AWS_* environment, profile, instance role).
+        options: dict[str, Any] = {"client_kwargs": {"region_name": self._client_kwargs["region_name"]}}
+        if self.endpoint_url:
+            options["endpoint_url"] = self.endpoint_url
+        return f"s3://{self.bucket}/{self.prefix}".rstrip("/"), options
+
     def _key(self, key: str) -> str:
         check_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key

@@ -10,6 +10,7 @@ import contextlib
 import fnmatch
 import functools
 import glob
+import hashlib
 import json
 import os
 import re
@@ -27,6 +28,7 @@ import pytest
 
 from workers.actor import cli as actor_cli
 from workers.relay import cli as relay_cli
+from workers.trainer import cli as trainer_cli
 
 REPO = Path(__file__).resolve().parents[2]
 TF = REPO / "infra" / "terraform"
@@ -56,16 +58,26 @@ TEMPLATE_VALUES = {
     "metrics_port": "9400",
     "model_url": "hf://Qwen/Qwen3-0.6B",
     "stop_timeout_s": "90",
+    "signing_key_secret_id": "aurora/demo/trainer-signing-key",
+    "data_device": "/dev/disk/by-id/google-aurora-ckpt",
+    "data_volume_tag": "aurora-checkpoint-volume",
+    "nproc_per_node": "4",
+    "trainer_args": "--steps 2000 --model /var/lib/aurora-trainer/model --batch-size 64",
 }
 OPTIONAL = {  # template values that may be empty, by systemd unit (the template then omits the option)
     "aurora-actor": ("source_bucket_url", "engine", "trainer_public_key", "metrics_port"),
     "aurora-relay": ("trainer_public_key", "metrics_port"),
+    "aurora-trainer": ("metrics_port", "trainer_args"),
 }
 TEMPLATES = {  # template -> (module dir, systemd unit it writes)
     "aws-actors/templates/actor-user-data.sh.tftpl": ("aws-actors", "aurora-actor"),
     "aws-relay/templates/relay-user-data.sh.tftpl": ("aws-relay", "aurora-relay"),
     "gcp-actors/templates/actor-startup.sh.tftpl": ("gcp-actors", "aurora-actor"),
     "gcp-relay/templates/relay-startup.sh.tftpl": ("gcp-relay", "aurora-relay"),
+}
+TRAINER_TEMPLATES = {  # the trainer's boot scripts: torchrun -m workers.trainer as a systemd unit
+    "aws-trainer/templates/trainer-user-data.sh.tftpl": ("aws-trainer", "aurora-trainer"),
+    "gcp-trainer/templates/trainer-startup.sh.tftpl": ("gcp-trainer", "aurora-trainer"),
 }
 S3_DELETE_ACTIONS = ("s3:DeleteObject", "s3:DeleteObjectVersion", "s3:DeleteBucket", "s3:PutLifecycleConfiguration",
                      "s3:PutBucketPolicy", "s3:DeleteBucketPolicy")
@@ -143,7 +155,16 @@ PLAN_VARS = {
     "metrics_port": 9400,
     "availability_zones": {"us-east-1": ["us-east-1a", "us-east-1b"], "eu-west-1": ["eu-west-1a", "eu-west-1b"],
                            "ap-southeast-2": ["ap-southeast-2a", "ap-southeast-2b"]},
+    "trainer_instance_type": "p5.48xlarge",
+    "trainer_gpus": 8,
+    "trainer_data_volume_gb": 2000,
+    "trainer_args": ["--steps", "2000", "--model", "/var/lib/aurora-trainer/model"],
 }
+
+
+def remote_slots() -> list[str]:
+    """The AWS root's remote-region provider aliases (remote1…remoteN, see providers.tf)."""
+    return re.findall(r'alias\s*=\s*"(remote\d+)"', (TF / "aws" / "providers.tf").read_text())
 
 
 @dataclass
@@ -151,6 +172,7 @@ class AwsRoots:
     validate_root: Path
     env: dict[str, str]
     plan: Future  # -> `terraform show -json` of the offline plan
+    deploy_plan: Future  # -> the same, of docs/DEPLOY.md's minimal AWS tfvars
 
 
 def _offline_plan(root: Path, env: dict[str, str]) -> dict:
@@ -179,15 +201,61 @@ def aws_roots() -> Iterator[AwsRoots]:
         plan_root = copy_tree(workdir / "plan") / "aws"
         (plan_root / "offline_override.tf").write_text("".join(
             OFFLINE_PROVIDER.format(alias=f'  alias = "{alias}"\n' if alias else "")
-            for alias in (None, "remote1", "remote2", "remote3")))
+            for alias in (None, *remote_slots())))
         (plan_root / "test.tfvars.json").write_text(json.dumps(PLAN_VARS))
+        deploy_root = copy_tree(workdir / "deploy") / "aws"
+        (deploy_root / "offline_override.tf").write_text((plan_root / "offline_override.tf").read_text())
+        (deploy_root / "test.tfvars.json").write_text(json.dumps({**deploy_tfvars()["aws"], **DEPLOY_OFFLINE_VARS}))
         init = ["init", "-backend=false", "-input=false", f"-plugin-dir={plugins}", "-no-color"]
-        for done in [pool.submit(terraform, init, root, env) for root in (validate_root, plan_root)]:
+        roots = (validate_root, plan_root, deploy_root)
+        for done in [pool.submit(terraform, init, root, env) for root in roots]:
             done.result()
-        yield AwsRoots(validate_root, env, pool.submit(_offline_plan, plan_root, env))
+        yield AwsRoots(validate_root, env, pool.submit(_offline_plan, plan_root, env),
+                       pool.submit(_offline_plan, deploy_root, env))
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+# --- helpers: docs/DEPLOY.md ------------------------------------------------------------------------------------
+
+DEPLOY = REPO / "docs" / "DEPLOY.md"
+# What only the offline plan needs on top of the walkthrough's tfvars: zones and GC principals (else data sources
+# call the API) and the AUTH token the walkthrough exports as TF_VAR_redis_auth_token.
+DEPLOY_OFFLINE_VARS = {
+    "availability_zones": {"us-east-1": ["us-east-1a", "us-east-1b"], "eu-west-1": ["eu-west-1a", "eu-west-1b"]},
+    "gc_principal_arns": ["arn:aws:iam::123456789012:role/ops"],
+    "redis_auth_token": "0123456789abcdef0123456789abcdef",
+}
+
+
+def deploy_blocks(language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", DEPLOY.read_text(), re.S | re.M)
+
+
+@functools.cache
+def deploy_tfvars() -> dict[str, dict]:
+    """The walkthrough's terraform.tfvars per cloud (each block names its file on its first line)."""
+    hcl2 = pytest.importorskip("hcl2", reason="python-hcl2 is not installed (pip install python-hcl2)")
+    options = hcl2.SerializationOptions(strip_string_quotes=True, explicit_blocks=False)
+    found = {}
+    for block in deploy_blocks("hcl"):
+        cloud = re.match(r"# infra/terraform/(aws|gcp)/terraform\.tfvars\n", block)
+        assert cloud, f"a tfvars block of DEPLOY.md does not name its file: {block[:80]!r}"
+        found[cloud.group(1)] = {k: v for k, v in hcl2.loads(block, serialization_options=options).items()
+                                 if k != "__comments__"}
+    assert set(found) == {"aws", "gcp"}
+    return found
+
+
+def deploy_shell_commands() -> list[list[str]]:
+    """Every command line of the walkthrough's sh blocks, split like a shell would (comments dropped, $(…) kept)."""
+    commands = []
+    for block in deploy_blocks("sh"):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.strip():
+                commands.append(shlex.split(line, comments=True))
+    return commands
 
 
 @pytest.fixture(scope="module")
@@ -312,6 +380,16 @@ def parse_worker(argv: list[str], module: str):
     return parser.parse_args(argv[3:])
 
 
+def parse_trainer(argv: list[str]):
+    """torchrun's own parser, then the trainer's: both must accept the unit's command line."""
+    from torch.distributed.run import get_args_parser
+
+    assert argv[0] == "/opt/aurora/venv/bin/torchrun", argv[:1]
+    launch = get_args_parser().parse_args(argv[1:])
+    assert launch.standalone and launch.module and launch.training_script == "workers.trainer", launch
+    return launch, trainer_cli.parse_args(launch.training_script_args)
+
+
 def assert_stops_with_sigterm(unit_body: str) -> None:
     assert re.search(r"^KillSignal=SIGTERM$", unit_body, re.M)
     timeout = re.search(r"^TimeoutStopSec=(\d+)$", unit_body, re.M)
@@ -353,15 +431,18 @@ def test_example_tfvars_set_declared_variables(cloud):
     assert required <= set(example), f"the example lacks {sorted(required - set(example))}"
     assert re.fullmatch(r"[a-z][a-z0-9-]{0,19}", example["run"])
     assert example["home_region"] not in example["remote_regions"]
+    from aurora_store.trust import Verifier
+
+    Verifier.load(example["trainer_public_key"])  # a key actors accept (raw Ed25519, as `aurora keygen` writes)
 
 
 # --- the startup scripts against the real command lines --------------------------------------------------------
 
 
-@pytest.mark.parametrize("template", sorted(TEMPLATES))
+@pytest.mark.parametrize("template", sorted(TEMPLATES | TRAINER_TEMPLATES))
 def test_template_variables_match_module(template):
     """Every ${name} a template uses is passed by its module's templatefile() call, and nothing more."""
-    module, _ = TEMPLATES[template]
+    module, _ = (TEMPLATES | TRAINER_TEMPLATES)[template]
     used = template_variables((MODULES / template).read_text())
     source = (MODULES / module / "main.tf").read_text()
     name = re.escape(Path(template).name)
@@ -397,10 +478,39 @@ def test_startup_command_parses_with_real_cli(template, optional):
     assert config.cache_dir == "/var/cache/aurora"
 
 
+@pytest.mark.parametrize("template", sorted(TRAINER_TEMPLATES))
+@pytest.mark.parametrize("optional", [True, False], ids=["all-options", "no-options"])
+def test_trainer_startup_command_parses_with_torchrun_and_trainer_cli(template, optional):
+    _, unit = TRAINER_TEMPLATES[template]
+    text = (MODULES / template).read_text()
+    values = {k: v for k, v in TEMPLATE_VALUES.items() if k in template_variables(text)}
+    if not optional:
+        values.update({k: "" for k in OPTIONAL[unit]})
+    script = render(text, values)
+    argv, body = exec_argv(script, unit)
+    assert_stops_with_sigterm(body)
+    launch, config = parse_trainer(argv)
+    assert launch.nproc_per_node == "4"
+    assert (config.bucket, config.redis, config.region, config.run) == (REGIONAL_URL, REDIS_URL, "eu-west-1", "demo")
+    assert config.checkpoint_dir == "/var/lib/aurora-trainer/checkpoint"  # on the data volume, mounted first
+    assert "RequiresMountsFor=/var/lib/aurora-trainer" in body
+    # The signing key: a tmpfs file the unit fetches from the secret manager before every start.
+    assert config.signing_key == "/run/aurora-trainer/signing-key" and "RuntimeDirectory=aurora-trainer" in body
+    assert "ExecStartPre=/usr/local/sbin/aurora-signing-key /run/aurora-trainer/signing-key" in body
+    fetcher = re.search(r"cat > /usr/local/sbin/aurora-signing-key <<'KEY'\n(.*?)\nKEY\n", script, re.S)
+    assert fetcher and values["signing_key_secret_id"] in fetcher.group(1)
+    compile(fetcher.group(1), "aurora-signing-key", "exec")  # valid Python once rendered
+    assert config.metrics_port == (9400 if optional else None)
+    assert (config.steps, config.model, config.batch_size) == ((2000, "/var/lib/aurora-trainer/model", 64)
+                                                               if optional else (40, None, 32))
+    device = values.get("data_device") or "/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_${VOLUME//-/}"
+    assert f"DEVICE={device}" in script.replace('"', "") and "mkfs.ext4" in script and "blkid" in script
+
+
 @needs_terraform
 def test_python_renderer_matches_terraform_templatefile():
     jobs = []
-    for template, (_, unit) in sorted(TEMPLATES.items()):
+    for template, (_, unit) in sorted((TEMPLATES | TRAINER_TEMPLATES).items()):
         text = (MODULES / template).read_text()
         values = {k: v for k, v in TEMPLATE_VALUES.items() if k in template_variables(text)}
         jobs.append((MODULES / template, values))
@@ -466,10 +576,70 @@ def test_aws_plan_renders_startup_commands_per_region(aws_plan):
         assert (config.source, config.dest) == (urls[home], urls[region])
         assert (config.redis, config.region) == (REDIS_URL, region)
 
-    # What the launch templates carry is exactly these scripts.
+    # What the launch templates carry is exactly these scripts (the trainer's is on its instance).
     templates = _changes(aws_plan, "aws_launch_template").values()
-    user_data = {base64.b64decode(after["user_data"]).decode() for after in templates}
+    user_data = {base64.b64decode(after["user_data"]).decode() for after in templates if after.get("user_data")}
     assert user_data == set(actors.values()) | set(relays.values())
+
+
+def test_aws_plan_trainer_on_demand_with_checkpoint_volume_secret_and_private_metrics(aws_plan):
+    outputs = aws_plan["planned_values"]["outputs"]
+    home_url = outputs["home_bucket_url"]["value"]
+    script = outputs["trainer_user_data"]["value"]
+    argv, body = exec_argv(script, "aurora-trainer")
+    assert_stops_with_sigterm(body)
+    launch, config = parse_trainer(argv)
+    assert launch.nproc_per_node == "8"  # trainer_gpus: one rank per GPU
+    assert (config.bucket, config.redis, config.region, config.run) == (home_url, REDIS_URL, "us-east-1", "demo")
+    assert (config.steps, config.model, config.metrics_port) == (2000, "/var/lib/aurora-trainer/model", 9400)
+    assert config.signing_key == "/run/aurora-trainer/signing-key"
+    assert "'aurora-rl[rl] @ https://example.com/aurora_rl-0.1.0-py3-none-any.whl' 'vllm==0.10.1'" in script
+    assert "rediss://" not in script and PLAN_VARS["redis_auth_token"] not in script  # no secret in user data
+    assert 'get_secret_value(SecretId="aurora/demo/trainer-signing-key")' in script  # fetched at every start
+
+    (instance,) = _changes(aws_plan, "aws_instance").values()
+    assert instance["instance_type"] == "p5.48xlarge" and not instance.get("instance_market_options")  # on-demand
+    assert instance["user_data"] in (script, hashlib.sha1(script.encode()).hexdigest())  # state keeps a hash
+    assert instance["user_data_replace_on_change"] is True
+    assert instance["metadata_options"][0]["instance_metadata_tags"] == "enabled"  # the volume tag, via IMDSv2
+    assert instance["metadata_options"][0]["http_tokens"] == "required"
+    assert "meta-data/tags/instance/$1" in script and "imds_tag aurora-checkpoint-volume" in script
+    (volume,) = _changes(aws_plan, "aws_ebs_volume").values()
+    assert (volume["size"], volume["encrypted"], volume["availability_zone"]) == (2000, True, "us-east-1a")
+    (attachment,) = _changes(aws_plan, "aws_volume_attachment").values()
+    assert attachment["stop_instance_before_detaching"] is True
+    (secret,) = _changes(aws_plan, "aws_secretsmanager_secret").values()
+    assert secret["name"] == "aurora/demo/trainer-signing-key"
+    types = {rc["type"] for rc in aws_plan["resource_changes"]}
+    assert "aws_secretsmanager_secret_version" not in types  # the key's value never enters Terraform's state
+    metrics = {a: r for a, r in _changes(aws_plan, "aws_vpc_security_group_ingress_rule").items()
+               if a.startswith("module.trainer.")}
+    assert [(r["cidr_ipv4"], r["from_port"], r["to_port"]) for r in metrics.values()] == [("10.64.0.0/16", 9400, 9400)]
+
+
+def test_aws_trainer_role_reads_only_its_signing_key():
+    (statement,) = [s for s in statements(_aws_policy_documents()["aws/trainer"])
+                    if any(a.startswith("secretsmanager:") for a in s["actions"])]
+    assert statement["actions"] == ["secretsmanager:GetSecretValue"]
+    assert statement["resources"] == ["${module.trainer.signing_key_secret_arn}"]
+
+
+def test_aws_remote_region_slots_agree():
+    """The documented way to add a remote region: one provider alias, one module block, the validation's limit,
+    the list of remotes — all must name the same slots (infra/terraform/README.md)."""
+    root = TF / "aws"
+    providers = (root / "providers.tf").read_text()
+    main = (root / "main.tf").read_text()
+    aliases = remote_slots()
+    modules = re.findall(r'^module "(remote\d+)"', main, re.M)
+    slots = [f"remote{i}" for i in range(1, len(aliases) + 1)]
+    assert aliases == modules == slots
+    assert f"remotes     = concat({', '.join(f'module.{m}' for m in slots)})" in main
+    assert f"for i in range({len(slots)})" in main
+    assert f"length(var.remote_regions) <= {len(slots)}" in (root / "variables.tf").read_text()
+    for i, slot in enumerate(slots):
+        assert f'providers          = {{ aws = aws.{slot}, aws.home = aws }}' in main
+        assert f"local.remote_slots[{i}]" in providers
 
 
 def test_aws_plan_actors_spot_relays_on_demand(aws_plan):
@@ -655,6 +825,32 @@ def test_gcp_actors_on_spot_with_sigterm_on_preemption():
     assert "python -m workers.actor --bucket ${bucket_url} --redis $${AURORA_REDIS_URL} --region ${region}" in startup
     (relay_template,) = typed(hcl_dir(MODULES / "gcp-relay"), "resource", "google_compute_instance_template").values()
     assert relay_template["scheduling"][0]["provisioning_model"] == "STANDARD"
+
+
+def test_gcp_trainer_on_demand_with_checkpoint_disk_secret_and_private_metrics():
+    doc = hcl_dir(MODULES / "gcp-trainer")
+    (vm,) = typed(doc, "resource", "google_compute_instance").values()
+    (scheduling,) = vm["scheduling"]
+    assert scheduling["provisioning_model"] == "STANDARD" and scheduling["preemptible"] is False  # never Spot
+    assert scheduling["on_host_maintenance"] == "TERMINATE"  # GPU VMs cannot live-migrate
+    assert vm["metadata"]["startup-script"] == "${local.startup_script}"
+    assert vm["metadata"]["shutdown-script"] == "#!/bin/bash\nsystemctl stop aurora-trainer.service\n"
+    assert "access_config" not in vm["network_interface"][0]  # no external address
+    (disk,) = vm["attached_disk"]
+    assert disk == {"source": "${google_compute_disk.data.id}", "device_name": "${local.disk_device}"}
+    assert named(doc, "locals")["disk_device"] == "aurora-ckpt"
+    assert "/templates/trainer-startup.sh.tftpl" in named(doc, "locals")["startup_script"]
+    assert not typed(doc, "resource", "google_secret_manager_secret_version")  # the key's value is not in state
+    (grant,) = typed(doc, "resource", "google_secret_manager_secret_iam_member").values()
+    assert grant["role"] == "roles/secretmanager.secretAccessor"
+    assert grant["secret_id"] == "${google_secret_manager_secret.signing_key.id}"
+    (firewall,) = typed(doc, "resource", "google_compute_firewall").values()
+    assert firewall["source_ranges"] == "${var.metrics_cidrs}" and firewall["target_tags"] == vm["tags"]
+    trainer = named(hcl_dir(TF / "gcp"), "module")["trainer"]
+    assert trainer["metrics_cidrs"] == "${[for region in local.regions : local.subnets[region]]}"  # the run's VPC
+    assert trainer["service_account_member"] == "${google_service_account.trainer.member}"
+    assert trainer["bucket_url"] == "${local.home_bucket.url}"
+    assert {"trainer_instance", "trainer_signing_key_secret"} <= set(named(hcl_dir(TF / "gcp"), "output"))
 
 
 def test_gcp_memorystore_auth_and_tls():
@@ -852,3 +1048,71 @@ def _policy_support(client) -> tuple[bool, bool]:
             outcomes.append(False)
     unconditional_allowed, conditional_allowed = outcomes
     return not unconditional_allowed, conditional_allowed
+
+
+# --- docs/DEPLOY.md: every command and setting it shows is one these checks run ----------------------------------
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_deploy_tfvars_set_declared_variables(cloud):
+    variables = named(hcl_dir(TF / cloud), "variable")
+    example = deploy_tfvars()[cloud]
+    assert set(example) <= set(variables), f"undeclared: {sorted(set(example) - set(variables))}"
+    required = {name for name, v in variables.items() if "default" not in v} - {"redis_auth_token"}
+    assert required <= set(example), f"the walkthrough lacks {sorted(required - set(example))}"
+    if "redis_auth_token" in variables:
+        assert 'export TF_VAR_redis_auth_token="$(openssl rand -hex 32)"' in DEPLOY.read_text()
+
+
+def test_deploy_aws_tfvars_plan_offline_and_start_the_trainer(aws_roots):
+    plan = aws_roots.deploy_plan.result(timeout=300)
+    outputs = plan["planned_values"]["outputs"]
+    home = outputs["home_bucket_url"]["value"]
+    assert home == "s3://acme-aurora-grpo-1-us-east-1/grpo-1?region=us-east-1"
+    assert f'location("{home}")' in DEPLOY.read_text()  # the pandas example reads this very bucket
+    launch, config = parse_trainer(exec_argv(outputs["trainer_user_data"]["value"], "aurora-trainer")[0])
+    assert launch.nproc_per_node == "4"  # trainer_gpus' default, for the default g6e.12xlarge
+    assert (config.bucket, config.run, config.steps, config.metrics_port) == (home, "grpo-1", 2000, 9400)
+    assert set(outputs["actor_user_data"]["value"]) == {"us-east-1", "eu-west-1"}
+    (instance,) = _changes(plan, "aws_instance").values()
+    assert instance["instance_type"] == "g6e.12xlarge"
+
+
+def test_deploy_commands_are_the_ones_checked(tmp_path, monkeypatch):
+    from aurora_store.cli import build_parser
+    from aurora_store.trust import Signer, Verifier
+
+    text = DEPLOY.read_text()
+    outputs = {cloud: set(named(hcl_dir(TF / cloud), "output")) for cloud in ("aws", "gcp")}
+    for name in re.findall(r"terraform output (?:-raw |-json )?(\w+)", text):
+        assert name in outputs["aws"] | outputs["gcp"], f"DEPLOY.md reads an undeclared output {name}"
+    for name in ("home_bucket_url", "redis_url", "trainer_signing_key_secret"):
+        assert name in outputs["aws"] & outputs["gcp"], name
+    variables = set(named(hcl_dir(TF / "aws"), "variable"))
+    for name in re.findall(r"-var (\w+)=", text):
+        assert name in variables, f"DEPLOY.md sets an undeclared variable {name}"
+    for name in re.findall(r"`(\w+)`", text):  # settings named in the prose exist in one of the roots
+        if name.startswith(("trainer_", "actor_", "force_destroy", "signing_key", "redis_allowed")):
+            assert name in variables | set(named(hcl_dir(TF / "gcp"), "variable")), name
+
+    commands = deploy_shell_commands()
+    assert ["terraform", "init"] in commands and ["terraform", "apply"] in commands
+    assert ["terraform", "destroy"] in commands
+    aurora = [argv for argv in commands if argv[0] == "aurora"]
+    assert {argv[1] for argv in aurora} >= {"keygen", "status", "log"}
+    parser = build_parser()
+    for argv in aurora:
+        parser.parse_args([a.replace("$(", "").replace(")", "") for a in argv[1:]])
+    # keygen as written: the private key file is what goes into the secret, the public one into the tfvars.
+    monkeypatch.chdir(tmp_path)
+    (keygen,) = [argv for argv in aurora if argv[1] == "keygen"]
+    from aurora_store.cli import main
+
+    assert main(keygen[1:]) == 0
+    assert "file://../../../keys/trainer.key" in text and "--data-file=../../../keys/trainer.key" in text
+    Signer.load((tmp_path / "keys" / "trainer.key").read_text().strip())  # as the unit's fetcher writes it
+    public = (tmp_path / "keys" / "trainer.pub").read_text().strip()
+    Verifier.load(public)
+    assert re.fullmatch(r"[A-Za-z0-9+/=]+", public)  # passes trainer_public_key's validation
+    for cloud in ("aws", "gcp"):
+        Verifier.load(deploy_tfvars()[cloud]["trainer_public_key"])

@@ -21,7 +21,7 @@ from aurora_store.ops.runlog import PREFIX, export_run_log, load_exported
 from aurora_store.ops.verify import verify_bucket
 from aurora_store.store import DeltaStore
 from aurora_store.testing.builders import TINY_QWEN3, perturb, random_state
-from tests.ops.helpers import LAYOUT
+from tests.ops.helpers import LAYOUT, build_bucket
 from workers.cluster import ClusterSpec, LocalCluster
 
 pytestmark = pytest.mark.redis
@@ -130,6 +130,23 @@ def test_notebook_on_a_bucket_written_by_aurora_diff(kernel, tmp_path, monkeypat
     assert out.startswith("no data: no history rows with timings")
     first_row = out.splitlines()[2].split()
     assert first_row[0] == "1" and first_row[7:10] == ["-", "-", "-"]  # encode_s, upload_s, publish_s
+
+
+@pytest.mark.s3
+def test_notebook_on_an_s3_bucket(s3_bucket_url, kernel, tmp_path, monkeypatch):
+    """AURORA_BUCKET as an s3:// URL with an endpoint: every section, and pandas reading history/ through s3fs."""
+    url = s3_bucket_url.replace("?", "/run-1?")
+    build_bucket(url, versions=3, snapshots=(0,))
+    notebook = execute(url, kernel, tmp_path, monkeypatch)  # credentials: the AWS_* environment (s3_server)
+    images, text = outputs(notebook)
+    assert images == 4, text  # sizes, density, heatmaps, publish timings (no run log in this bucket)
+    bucket = s3_bucket_url.split("//")[1].split("?")[0]
+    assert f"s3://{bucket}/run-1/history/ " in text
+    (frame,) = [o for c in notebook.cells for o in c.get("outputs", []) if o["output_type"] == "execute_result"
+                and "delta_bytes" in o["data"].get("text/plain", "")]
+    first_columns = frame["data"]["text/plain"].split("\n\n")[0].splitlines()  # pandas wraps wide tables
+    assert first_columns[0].split()[0] == "version"
+    assert [line.split()[1] for line in first_columns[1:]] == ["1", "2", "3"]
 
 
 @pytest.mark.slow

@@ -26,9 +26,10 @@ from tests.vllm.helpers import (
     MAX_NEW,
     PROMPTS,
     apply_chain,
+    assert_logprobs_close,
     engine_bits,
     fused_bits,
-    hf_greedy,
+    hf_greedy_with_logits,
     hf_model_at,
 )
 from workers.actor.engine_vllm import EngineError
@@ -150,16 +151,18 @@ def test_worker_refuses_writes_outside_the_layout(final, mp_engine, published_ru
 
 
 def test_greedy_generation_matches_transformers_token_for_token(final, bootstrapped, mp_engine, published_run):
+    """Identical greedy tokens, and logprobs within what bf16 arithmetic allows between two implementations of the
+    same network (see tests.vllm.helpers.logprob_tolerance: a bound scaled by the step's logits, not a constant
+    tuned on one CPU — vLLM's CPU kernels take different paths on Intel and AMD processors)."""
     tokenizer = load_tokenizer(published_run.snapshot_dir)
     after = [g[0] for g in mp_engine.generate(PROMPTS, 1, MAX_NEW, 0.0, seed=0)]
     for version, completions in ((0, bootstrapped["greedy"]), (CHAIN, after)):
         model = hf_model_at(published_run, version)
         for prompt, completion in zip(PROMPTS, completions):
-            ids, logprobs = hf_greedy(model, tokenizer, prompt, MAX_NEW)
+            ids, logprobs, logits = hf_greedy_with_logits(model, tokenizer, prompt, MAX_NEW)
             assert list(completion.ids) == ids, (version, prompt, completion.ids, completion.logprobs, logprobs)
             # Same tokens from the same distribution: a prefix cached at v0 was not reused at v6.
-            assert torch.allclose(torch.tensor(completion.logprobs), torch.tensor(logprobs), atol=0.05), (
-                version, prompt, completion.logprobs, logprobs)
+            assert_logprobs_close(completion.logprobs, logprobs, logits, what=(version, prompt))
     assert any(c.ids and c.ids[-1] == tokenizer.eos_token_id for c in after), "no completion ended with EOS"
 
 
@@ -181,7 +184,7 @@ def test_sampling_returns_groups_with_behaviour_logprobs(final, mp_engine, publi
             with torch.inference_mode():
                 logits = model(torch.tensor([prompt_ids + list(c.ids)])).logits[0, len(prompt_ids) - 1: -1]
             ref = torch.log_softmax(logits.float() / temperature, -1).gather(-1, torch.tensor(c.ids)[:, None])
-            assert torch.allclose(torch.tensor(c.logprobs), ref.squeeze(-1), atol=0.08), (c.logprobs, ref)
+            assert_logprobs_close(c.logprobs, ref.squeeze(-1), logits, temperature, what=(prompt, c.ids))
 
 
 def test_staging_reads_from_another_thread_while_generating(final, mp_engine, published_run):

@@ -13,7 +13,7 @@ data "aws_iam_policy_document" "ec2_assume" {
   }
 }
 
-# --- trainer: launch it in the home VPC with this instance profile and security group ----------------------
+# --- trainer: its instance (modules/aws-trainer) runs with this instance profile and security group ---------
 
 resource "aws_iam_role" "trainer" {
   name               = "${local.name}-trainer"
@@ -36,6 +36,12 @@ data "aws_iam_policy_document" "trainer" {
     sid       = "ReadRedisUrl"
     actions   = ["ssm:GetParameter"]
     resources = [module.redis.url_parameter_arn]
+  }
+  # The signing key, read at every start of the trainer's unit (its value is never in Terraform's state).
+  statement {
+    sid       = "ReadSigningKey"
+    actions   = ["secretsmanager:GetSecretValue"]
+    resources = [module.trainer.signing_key_secret_arn]
   }
 }
 

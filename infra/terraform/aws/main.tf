@@ -1,7 +1,8 @@
 # Aurora on AWS: per-region buckets, an ElastiCache control plane in the trainer's home region, spot
 # actors in every region, one relay per remote region, and least-privilege roles for each of them.
 #
-#   home region:   VPC, bucket (the source), Redis, actors, trainer role + security group, GC role
+#   home region:   VPC, bucket (the source), Redis, actors, the trainer (GPU instance, checkpoint volume,
+#                  signing-key secret, role, security group), GC role
 #   remote slot i: VPC (peered with home), bucket, actors, relay (home bucket -> regional bucket)
 
 locals {
@@ -122,6 +123,36 @@ module "home_actors" {
   metrics_cidrs          = var.metrics_cidrs
   model_url              = var.model_url
   tags                   = local.tags
+}
+
+module "trainer" {
+  source                     = "../modules/aws-trainer"
+  name                       = local.name
+  run                        = var.run
+  region                     = var.home_region
+  subnet_id                  = module.home_network.subnet_ids[0]
+  availability_zone          = module.home_network.availability_zones[0]
+  security_group_id          = aws_security_group.trainer.id
+  instance_profile_name      = aws_iam_instance_profile.trainer.name
+  instance_type              = var.trainer_instance_type
+  gpus                       = var.trainer_gpus
+  image                      = var.trainer_image
+  root_device_name           = var.trainer_root_device_name
+  root_volume_gb             = var.trainer_root_volume_gb
+  data_volume_gb             = var.trainer_data_volume_gb
+  data_volume_final_snapshot = var.trainer_data_volume_final_snapshot
+  secret_recovery_days       = var.signing_key_recovery_days
+  bucket_url                 = module.home_bucket.url
+  redis_parameter_name       = module.redis.url_parameter_name
+  redis_parameter_region     = var.home_region
+  pip_requirements           = local.pip_requirements
+  pip_extra_args             = var.pip_extra_args
+  model_url                  = var.model_url
+  metrics_port               = var.metrics_port
+  metrics_cidrs              = [module.home_network.cidr] # inside the home VPC only
+  trainer_args               = var.trainer_args
+  stop_timeout_s             = var.trainer_stop_timeout_s
+  tags                       = local.tags
 }
 
 # --- remote regions (fixed provider slots, see providers.tf) -----------------------------------------------

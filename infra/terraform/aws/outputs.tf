@@ -41,6 +41,26 @@ output "trainer_subnet_ids" {
   value       = module.home_network.subnet_ids
 }
 
+output "trainer_instance_id" {
+  description = "The trainer's instance (on-demand GPU; `journalctl -u aurora-trainer` there)."
+  value       = module.trainer.instance_id
+}
+
+output "trainer_private_ip" {
+  description = "The trainer's address inside the home VPC (metrics_port is reachable from the VPC only)."
+  value       = module.trainer.private_ip
+}
+
+output "trainer_signing_key_secret" {
+  description = "Secrets Manager secret (ARN) the trainer reads its signing key from: put `aurora keygen`'s trainer.key there."
+  value       = module.trainer.signing_key_secret_arn
+}
+
+output "trainer_user_data" {
+  description = "The trainer's rendered boot script (no secrets)."
+  value       = module.trainer.user_data
+}
+
 output "gc_role_arn" {
   description = "Role to assume for `aurora gc` (the only identity allowed to delete version data)."
   value       = aws_iam_role.gc.arn

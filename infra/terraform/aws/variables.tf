@@ -48,8 +48,8 @@ variable "package_spec" {
   description = "pip requirement for the aurora package, e.g. \"aurora-rl[rl] @ https://example.com/aurora_rl-0.1.0-py3-none-any.whl\"."
   type        = string
   validation {
-    condition     = length(var.package_spec) > 0 && !can(regex("'", var.package_spec))
-    error_message = "package_spec must be non-empty and contain no single quote."
+    condition     = can(regex("^[A-Za-z0-9_.,\\[\\]-]+ *(==|@) *[^ ']+$", var.package_spec))
+    error_message = "package_spec must pin one version (aurora-rl[rl]==0.1.0, or name @ a wheel URL) and contain no single quote: every machine of a run must run the same code."
   }
 }
 
@@ -239,4 +239,78 @@ variable "tags" {
   description = "Extra tags for every resource."
   type        = map(string)
   default     = {}
+}
+
+# --- trainer (on-demand GPU instance in the home region) ------------------------------------------------------
+
+variable "trainer_instance_type" {
+  description = "On-demand GPU instance type of the trainer (never spot: it holds the run's optimizer state)."
+  type        = string
+  default     = "g6e.12xlarge"
+}
+
+variable "trainer_gpus" {
+  description = "GPUs of trainer_instance_type: torchrun --nproc-per-node (one data-parallel rank per GPU)."
+  type        = number
+  default     = 4
+  validation {
+    condition     = var.trainer_gpus >= 1 && floor(var.trainer_gpus) == var.trainer_gpus
+    error_message = "trainer_gpus must be a positive integer."
+  }
+}
+
+variable "trainer_image" {
+  description = "Trainer AMI id or resolve:ssm:<public parameter> (with NVIDIA drivers)."
+  type        = string
+  default     = "resolve:ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+}
+
+variable "trainer_root_device_name" {
+  description = "Root device name of trainer_image."
+  type        = string
+  default     = "/dev/sda1"
+}
+
+variable "trainer_root_volume_gb" {
+  description = "Trainer root volume (venv, CUDA libraries)."
+  type        = number
+  default     = 200
+}
+
+variable "trainer_data_volume_gb" {
+  description = "Checkpoint volume of the trainer (fp32 master weights + Adam state ≈ 16 bytes per parameter, plus the model cache)."
+  type        = number
+  default     = 500
+}
+
+variable "trainer_data_volume_final_snapshot" {
+  description = "Snapshot the checkpoint volume when `terraform destroy` deletes it."
+  type        = bool
+  default     = true
+}
+
+variable "trainer_args" {
+  description = "Further `python -m workers.trainer` flags (e.g. [\"--steps\", \"2000\", \"--model\", \"/var/lib/aurora-trainer/model\"]); plain words only."
+  type        = list(string)
+  default     = []
+  validation {
+    condition     = alltrue([for a in var.trainer_args : can(regex("^[A-Za-z0-9_./:=,+@-]+$", a))])
+    error_message = "trainer_args must be plain words (no spaces, quotes, $ or %: they go into a systemd ExecStart line)."
+  }
+}
+
+variable "trainer_stop_timeout_s" {
+  description = "Seconds between SIGTERM (rank 0 finishes its step and checkpoints) and SIGKILL."
+  type        = number
+  default     = 600
+  validation {
+    condition     = var.trainer_stop_timeout_s >= 60
+    error_message = "trainer_stop_timeout_s must be at least 60 seconds."
+  }
+}
+
+variable "signing_key_recovery_days" {
+  description = "Secrets Manager recovery window of the signing-key secret (0: deleted at once by destroy, so the run name can be reused)."
+  type        = number
+  default     = 7
 }

@@ -84,6 +84,37 @@ module "actors" {
   labels             = local.labels
 }
 
+module "trainer" {
+  source                 = "../modules/gcp-trainer"
+  name                   = local.name
+  run                    = var.run
+  region                 = var.home_region
+  zone                   = var.trainer_zone != "" ? var.trainer_zone : "${var.home_region}-a"
+  network_id             = module.network.network_id
+  subnetwork_id          = module.network.subnetwork_ids[var.home_region]
+  service_account_email  = google_service_account.trainer.email
+  service_account_member = google_service_account.trainer.member
+  machine_type           = var.trainer_machine_type
+  gpu_type               = var.trainer_gpu_type
+  gpu_count              = var.trainer_gpu_count
+  gpus                   = var.trainer_gpus
+  image                  = var.trainer_image
+  boot_disk_gb           = var.trainer_boot_disk_gb
+  data_disk_gb           = var.trainer_data_disk_gb
+  bucket_url             = local.home_bucket.url
+  redis_secret_id        = module.redis.secret_id
+  redis_ca_cert          = module.redis.ca_cert
+  redis_ca_path          = module.redis.ca_path
+  pip_requirements       = local.pip_requirements
+  pip_extra_args         = var.pip_extra_args
+  model_url              = var.model_url
+  metrics_port           = var.metrics_port
+  metrics_cidrs          = [for region in local.regions : local.subnets[region]] # the run's VPC only
+  trainer_args           = var.trainer_args
+  stop_timeout_s         = var.trainer_stop_timeout_s
+  labels                 = local.labels
+}
+
 module "relay" {
   source                      = "../modules/gcp-relay"
   for_each                    = local.remote_regions

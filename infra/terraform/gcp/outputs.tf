@@ -50,3 +50,23 @@ output "actor_instance_groups" {
 output "relay_instance_groups" {
   value = { for region, relay in module.relay : region => relay.instance_group }
 }
+
+output "trainer_instance" {
+  description = "The trainer VM (on-demand GPU; `journalctl -u aurora-trainer` there)."
+  value       = module.trainer.instance_name
+}
+
+output "trainer_internal_ip" {
+  description = "The trainer's address inside the VPC (metrics_port is reachable from the run's subnets only)."
+  value       = module.trainer.internal_ip
+}
+
+output "trainer_signing_key_secret" {
+  description = "Secret Manager secret the trainer reads its signing key from: add `aurora keygen`'s trainer.key as a version."
+  value       = module.trainer.signing_key_secret_id
+}
+
+output "trainer_startup_script" {
+  description = "The trainer's rendered startup script (no secrets)."
+  value       = module.trainer.startup_script
+}

@@ -47,8 +47,8 @@ variable "package_spec" {
   description = "pip requirement for the aurora package with the gcs extra, e.g. \"aurora-rl[rl,gcs] @ https://example.com/aurora_rl-0.1.0-py3-none-any.whl\"."
   type        = string
   validation {
-    condition     = length(var.package_spec) > 0 && !can(regex("'", var.package_spec))
-    error_message = "package_spec must be non-empty and contain no single quote."
+    condition     = can(regex("^[A-Za-z0-9_.,\\[\\]-]+ *(==|@) *[^ ']+$", var.package_spec))
+    error_message = "package_spec must pin one version (aurora-rl[rl]==0.1.0, or name @ a wheel URL) and contain no single quote: every machine of a run must run the same code."
   }
 }
 
@@ -221,4 +221,76 @@ variable "enable_apis" {
 variable "labels" {
   type    = map(string)
   default = {}
+}
+
+# --- trainer (on-demand GPU VM in the home region) ------------------------------------------------------------
+
+variable "trainer_zone" {
+  description = "Zone of the trainer VM and its checkpoint disk (one with the GPU type); empty: <home_region>-a."
+  type        = string
+  default     = ""
+}
+
+variable "trainer_machine_type" {
+  description = "On-demand machine type of the trainer (never Spot: it holds the run's optimizer state)."
+  type        = string
+  default     = "a2-highgpu-4g" # four NVIDIA A100 40GB, built in
+}
+
+variable "trainer_gpu_type" {
+  description = "Accelerator to attach for machine types without built-in GPUs (e.g. nvidia-tesla-t4 with n1-standard-16); empty: none."
+  type        = string
+  default     = ""
+}
+
+variable "trainer_gpu_count" {
+  type    = number
+  default = 0
+}
+
+variable "trainer_gpus" {
+  description = "GPUs the trainer VM has: torchrun --nproc-per-node (one data-parallel rank per GPU)."
+  type        = number
+  default     = 4
+  validation {
+    condition     = var.trainer_gpus >= 1 && floor(var.trainer_gpus) == var.trainer_gpus
+    error_message = "trainer_gpus must be a positive integer."
+  }
+}
+
+variable "trainer_image" {
+  description = "Trainer boot image with NVIDIA drivers."
+  type        = string
+  default     = "ubuntu-os-accelerator-images/ubuntu-accelerator-2204-amd64-with-nvidia-550"
+}
+
+variable "trainer_boot_disk_gb" {
+  type    = number
+  default = 200
+}
+
+variable "trainer_data_disk_gb" {
+  description = "Checkpoint disk of the trainer (fp32 master weights + Adam state ≈ 16 bytes per parameter, plus the model cache)."
+  type        = number
+  default     = 500
+}
+
+variable "trainer_args" {
+  description = "Further `python -m workers.trainer` flags (e.g. [\"--steps\", \"2000\"]); plain words only."
+  type        = list(string)
+  default     = []
+  validation {
+    condition     = alltrue([for a in var.trainer_args : can(regex("^[A-Za-z0-9_./:=,+@-]+$", a))])
+    error_message = "trainer_args must be plain words (no spaces, quotes, $ or %: they go into a systemd ExecStart line)."
+  }
+}
+
+variable "trainer_stop_timeout_s" {
+  description = "Seconds between SIGTERM (rank 0 finishes its step and checkpoints) and SIGKILL."
+  type        = number
+  default     = 600
+  validation {
+    condition     = var.trainer_stop_timeout_s >= 60
+    error_message = "trainer_stop_timeout_s must be at least 60 seconds."
+  }
 }

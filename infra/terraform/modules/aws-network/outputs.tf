@@ -13,3 +13,8 @@ output "subnet_ids" {
 output "route_table_id" {
   value = aws_route_table.public.id
 }
+
+output "availability_zones" {
+  description = "The zone of each subnet in subnet_ids (same order)."
+  value       = aws_subnet.public[*].availability_zone
+}
