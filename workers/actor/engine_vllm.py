@@ -40,6 +40,7 @@ from aurora_store.codec.digest import WeightsDigest
 from aurora_store.errors import AuroraError, ConfigError, EngineError, LayoutError
 from workers.actor.engine import Completion
 from workers.actor.vllm_ext import (
+    EXTENSION_PATH,
     RPC_ATTACH,
     RPC_DIGEST,
     RPC_GATHER,
@@ -52,7 +53,7 @@ from workers.actor.vllm_ext import (
     unpack_bits,
 )
 
-EXTENSION = "workers.actor.vllm_ext.AuroraWorkerExtension"
+EXTENSION = EXTENSION_PATH
 #: Environment the engine needs on our machines unless the caller set otherwise: no Hub access, and a
 #: bounded KV cache on the CPU backend (GiB).
 ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
