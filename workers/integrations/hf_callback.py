@@ -45,11 +45,16 @@ from workers.trainer.snapshot import write_sharded_snapshot
 def model_files(model: Any, tokenizer: Any = None) -> dict[str, bytes]:
     """``config.json`` (+ generation config and tokenizer files when given): what a snapshot directory needs
     besides the weights so that vLLM and transformers can load it."""
+    import copy
     import tempfile
 
     files: dict[str, bytes] = {}
+    config = copy.deepcopy(model.config)
+    if not getattr(config, "architectures", None):
+        # A model built from a config has none; without it vLLM guesses (e.g. an embedding model).
+        config.architectures = [type(model).__name__]
     with tempfile.TemporaryDirectory() as tmp:
-        model.config.save_pretrained(tmp)
+        config.save_pretrained(tmp)
         generation = getattr(model, "generation_config", None)
         if generation is not None:
             generation.save_pretrained(tmp)
