@@ -137,7 +137,8 @@ def run(config: dict[str, Any] | None = None, versions: int = 3, lr: float = 1e-
                         raise DigestMismatchError(f"{what} of version {version}: {actual} != {digests[version]}")
 
                 out = []
-                for v in range(1, versions + 1):
+                # The engine is at the last version: walk the chain backwards, each delta from its own base.
+                for v in range(versions, 0, -1):
                     fwd, back = fused_delta(layout, states[v - 1], states[v])
                     patches = checkpoint_patches(layout, states[v - 1], states[v])
                     aurora, nan = [], []
@@ -154,11 +155,12 @@ def run(config: dict[str, Any] | None = None, versions: int = 3, lr: float = 1e-
                         load_checkpoint_weight_patches(model, patches)
                         nan.append(time.perf_counter() - t0)
                         check(v, "NaN-masked patch")
+                    scatter_in_place(layout_, shards, params(), back)  # leave the engine at v - 1
                     changed = sum(int(i.numel()) for _, i, _ in fwd)
                     out.append({"version": v, "changed": changed, "density": changed / layout.numel,
                                 "aurora_scatter_s": statistics.median(aurora), "nan_patch_s": statistics.median(nan),
                                 "nan_patch_staging_bytes": sum(2 * math.prod(p.shape) for p in patches)})
-                return out
+                return out[::-1]
 
             per_version = llm.collective_rpc(compare)[0]
         finally:
