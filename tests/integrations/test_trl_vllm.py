@@ -169,6 +169,7 @@ def test_vllm_follows_every_trl_version_bit_exactly(trained, llm):
     for version in range(1, STEPS + 1):
         update(llm, version, base_version=version - 1, weights_digest=str(trained.digests[version]))
         assert engine_digest(llm) == trained.digests[version], version
+    assert [(r["version"], r["kind"]) for r in updates_done(llm)] == [(v, "replay") for v in range(1, STEPS + 1)]
     # Bit-exact, tensor by tensor (not only the digest).
     bits = dict(zip(trained.layout.names, llm.collective_rpc("aurora_read", args=(trained.layout.names,))[0]))
     for name, fused in trained.layout.fuse(trained.states[STEPS]).items():
@@ -196,3 +197,29 @@ def test_vllm_follows_every_trl_version_bit_exactly(trained, llm):
                                  eos_token_id=tok.eos_token_id)
         assert list(out.outputs[0].token_ids) == ref[0, enc.input_ids.shape[1]:].tolist(), prompt
 
+
+
+def updates_done(engine) -> list[dict]:
+    """The backend's own record of its updates (in-process engine: a callable reaches the worker)."""
+    return engine.collective_rpc(lambda worker: [dict(r.__dict__) for r in worker.weight_transfer_engine.updates])[0]
+
+
+def test_a_gap_is_closed_by_the_cheaper_path(trained, llm):
+    """Back at version 0 (vLLM's own full reload of snapshot 0), one ``update_weights`` to the last version
+    takes the path ``plan_catch_up`` prices cheapest — here snapshot 2 plus delta 3, since every GRPO step at
+    this learning rate changes most elements — and lands bit-exactly."""
+    from aurora_store.store import plan_catch_up
+    from aurora_store.store.snapshots import read_snapshot_manifest
+
+    store = DeltaStore(open_bucket(trained.bucket))
+    plan = plan_catch_up(0, STEPS, {v: store.delta_bytes(v) for v in store.versions()},
+                         {s: read_snapshot_manifest(store, s).total_bytes for s in store.snapshot_versions()})
+    assert (plan.kind, plan.snapshot, plan.deltas) == ("snapshot", 2, (3,)), plan
+    llm.collective_rpc("reload_weights", kwargs={"weights_path": str(trained.snapshot_dir)})
+    assert engine_digest(llm) == trained.digests[0]
+    llm.init_weight_transfer_engine({"init_info": {"bucket": trained.bucket, "run": RUN,
+                                                   "trainer_public_key": trained.public_key}})
+    update(llm, STEPS)
+    assert engine_digest(llm) == trained.digests[STEPS]
+    record = updates_done(llm)[-1]
+    assert (record["kind"], record["versions"], record["version"]) == ("snapshot", (2, 3), STEPS), record
