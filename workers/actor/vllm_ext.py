@@ -252,8 +252,21 @@ def keep_cpu_weights_addressable() -> None:
     layer_utils.dispatch_cpu_unquantized_gemm = dispatch
 
 
+def register_backend() -> None:
+    """Register the ``aurora`` weight-transfer backend with vLLM (lazily: its module is imported only when an
+    engine is built with it). Idempotent. The ``vllm.general_plugins`` entry point calls this in every vLLM
+    process of an installed package; importing this module (the worker extension) does too, so engines built
+    with the extension find the backend even where the package's entry points are not installed."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    if BACKEND_NAME not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(BACKEND_NAME, "workers.integrations.vllm_backend",
+                                                    "AuroraWeightTransferEngine")
+
+
 with contextlib.suppress(ImportError):  # importable without vLLM (e.g. for the shard maths alone)
     keep_cpu_weights_addressable()
+    register_backend()
 
 
 # --- the scatter core (shared by the worker extension and the ``aurora`` weight-transfer backend) -------

@@ -75,36 +75,38 @@ from aurora_store.store.replay import stage_snapshot, stage_version
 from aurora_store.store.snapshots import read_snapshot_manifest
 from aurora_store.trust import Verifier
 from workers.actor.vllm_ext import (
-    BACKEND_NAME,
     Shard,
     bind_layout,
     digest_local,
     gather_local,
     keep_cpu_weights_addressable,
     read_local,
+    register_backend,
     scatter_in_place,
+    unpack_bits,
+    unpack_indices,
 )
 
 log = logging.getLogger("aurora.vllm_backend")
+#: Update records kept on the engine (for inspection; bounded over a long run).
+RECORDS_KEPT = 64
 
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: register the ``aurora`` backend (lazily: its module is
     imported only when an engine asks for it) and keep CPU weights addressable for engines that use it.
     vLLM calls this once per process; it is idempotent."""
-    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
-
-    if BACKEND_NAME not in WeightTransferEngineFactory._registry:
-        WeightTransferEngineFactory.register_engine(BACKEND_NAME, __name__, "AuroraWeightTransferEngine")
+    register_backend()
     keep_cpu_weights_addressable()
 
 
 @dataclass
 class AuroraInitInfo(WeightTransferInitInfo):
-    bucket: str | list[str]
+    bucket: str | list[str] | None = None
+    layout: dict[str, Any] | None = None  # push mode (no bucket): the caller stages, the backend writes
     run: str | None = None
     trainer_public_key: str | None = None
-    version: int = 0
+    version: int | None = 0
     streams: int | None = None
 
 
@@ -114,6 +116,7 @@ class AuroraUpdateInfo(WeightTransferUpdateInfo):
     base_version: int | None = None
     weights_digest: str | None = None
     check_full_digest: bool = False
+    scatter: list[list[Any]] | None = None  # push mode: [name, index kind, index bytes, bits bytes] per tensor
 
 
 @dataclass
@@ -201,6 +204,10 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
             get_tensor_model_parallel_world_size,
         )
 
+        tp = (get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size())
+        if init_info.bucket is None:
+            self._init_push(init_info, tp)
+            return
         urls = [init_info.bucket] if isinstance(init_info.bucket, str) else list(init_info.bucket)
         if not urls:
             raise ConfigError("the aurora backend needs at least one bucket URL")
@@ -217,8 +224,7 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
             if run != init_info.run:
                 raise ConfigError(f"{store.url} holds run {run!r}, not {init_info.run!r}")
         layout = store.layout(manifest.layout_fingerprint)
-        shards, problems = bind_layout(layout, dict(self.model.named_parameters()),
-                                       get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size())
+        shards, problems = bind_layout(layout, dict(self.model.named_parameters()), *tp)
         if problems:
             raise LayoutError(f"vLLM's parameters do not match the run's layout: {'; '.join(problems[:8])}")
         target = ModelTarget(layout, self.model, shards, version=init_info.version)
@@ -227,6 +233,19 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
                                       f"of {store.url} to {manifest.weights_digest}: load that version's snapshot")
         self.stores, self.verify, self.target = stores, verify, target
         log.info("aurora backend following %s from version %d", ", ".join(s.url for s in stores), init_info.version)
+
+    def _init_push(self, init_info: AuroraInitInfo, tp: tuple[int, int]) -> None:
+        """Push mode — what our actor uses: it stages versions itself (fetch, verify, decode, digest check,
+        against this engine's weights read through the worker extension) while vLLM generates, and hands the
+        backend only the changed elements to write (``update_info["scatter"]``)."""
+        if init_info.layout is None:
+            raise ConfigError("the aurora backend needs a bucket URL, or a layout in push mode")
+        layout = ModelLayout.from_json(init_info.layout)
+        shards, problems = bind_layout(layout, dict(self.model.named_parameters()), *tp)
+        if problems:
+            raise LayoutError(f"vLLM's parameters do not match the layout: {'; '.join(problems[:8])}")
+        self.stores, self.verify = [], None
+        self.target = ModelTarget(layout, self.model, shards, version=init_info.version)
 
     @staticmethod
     def _first_manifest(stores: list[DeltaStore], version: int, verify: Verifier | None):
@@ -272,6 +291,11 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
 
     def receive_weights(self, update_info: AuroraUpdateInfo) -> None:
         target = self._bound()
+        if update_info.scatter is not None:
+            self._push(target, update_info)
+            return
+        if not self.stores:
+            raise ConfigError("this aurora backend was initialised in push mode: updates must carry `scatter`")
         if update_info.base_version is not None and update_info.base_version != target.version:
             raise BaseVersionMismatchError(f"update expects the engine at version {update_info.base_version}, "
                                            f"it is at {target.version}")
@@ -288,9 +312,30 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
                 errors.append(f"{store.url}: {exc}")
                 log.warning("aurora update from %s failed: %s", store.url, exc)
                 continue
-            self.updates.append(record)
+            self._record(record)
             return
         raise VersionNotFoundError(f"no bucket could provide the update: {'; '.join(errors)}")
+
+    def _record(self, record: UpdateRecord) -> None:
+        self.updates.append(record)
+        del self.updates[:-RECORDS_KEPT]
+
+    def _push(self, target: ModelTarget, info: AuroraUpdateInfo) -> None:
+        """Write pre-staged changed elements (validated before the first write). The caller staged them
+        against this engine's exact weights and checked the resulting digest; ``version``, when given, is
+        recorded so that later pull updates know where the engine is."""
+        if info.base_version is not None and info.base_version != target.version:
+            raise BaseVersionMismatchError(f"update expects the engine at version {info.base_version}, "
+                                           f"it is at {target.version}")
+        t0 = time.perf_counter()
+        changed = scatter_in_place(target.layout, target._shards, target._params(),
+                                   [(name, unpack_indices(kind, data), unpack_bits(bits))
+                                    for name, kind, data, bits in info.scatter or []])
+        target.version = info.version
+        if info.weights_digest is not None:
+            target.digest = WeightsDigest.parse(info.weights_digest)
+        self._record(UpdateRecord(info.version if info.version is not None else -1, "push", (), changed, "",
+                                  0.0, time.perf_counter() - t0))
 
     def _update_from(self, store: DeltaStore, target: ModelTarget, info: AuroraUpdateInfo) -> UpdateRecord:
         goal = info.version if info.version is not None else store.latest_version()
