@@ -223,3 +223,88 @@ def test_a_gap_is_closed_by_the_cheaper_path(trained, llm):
     assert engine_digest(llm) == trained.digests[STEPS]
     record = updates_done(llm)[-1]
     assert (record["kind"], record["versions"], record["version"]) == ("snapshot", (2, 3), STEPS), record
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    import requests
+
+    reply = requests.post(url, json=body, timeout=300)
+    return reply.status_code, (reply.json() if reply.content else {})
+
+
+def test_vllm_serve_rl_routes_follow_the_run(trained, tmp_path):
+    """The same through ``vllm serve``'s RL HTTP routes (served with ``VLLM_SERVER_DEV_MODE=1``): the server
+    finds the backend through the ``vllm.general_plugins`` entry point (a distribution on its path declaring
+    what pyproject declares), follows every version, and its own per-parameter SHA-256 checksums
+    (``/weight_checker``) equal those of the trainer's weights in vLLM's fused layout."""
+    import hashlib
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import requests
+
+    root = Path(__file__).resolve().parents[2]
+    dist = tmp_path / "plugin" / "aurora_rl_probe-0.0.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: aurora-rl-probe\nVersion: 0.0.0\n")
+    (dist / "entry_points.txt").write_text("[vllm.general_plugins]\n"
+                                            "aurora = workers.integrations.vllm_backend:register\n")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "PYTHONPATH": os.pathsep.join([str(dist.parent), str(root)])}
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(trained.snapshot_dir),
+                             "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--enforce-eager",
+                             "--max-model-len", "64", "--weight-transfer-config", '{"backend": "aurora"}'],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "vllm serve did not become healthy"
+            try:
+                if requests.get(f"{base}/health", timeout=5).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            time.sleep(1)
+
+        def mismatches(version: int) -> set[str]:
+            status, body = _post(f"{base}/weight_checker", {"action": "checksum"})
+            assert status == 200, body
+            expected = {n: hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
+                        for n, t in trained.layout.fuse(trained.states[version]).items()}
+            return {n for n in expected if body["checksums"].get(n) != expected[n]}
+
+        # vLLM pads the vocabulary, so the embedding parameter holds rows beyond the checkpoint's: its
+        # whole-parameter checksum is not the checkpoint tensor's (the in-process test compares it bit by bit).
+        padded = {"model.embed_tokens.weight"}
+        assert mismatches(0) <= padded
+        status, body = _post(f"{base}/init_weight_transfer_engine",
+                             {"init_info": {"bucket": trained.bucket, "run": RUN,
+                                            "trainer_public_key": trained.public_key}})
+        assert status == 200, body
+        for version in range(1, STEPS + 1):
+            assert _post(f"{base}/start_weight_update", {})[0] == 200
+            status, body = _post(f"{base}/update_weights", {"update_info": {"version": version}})
+            assert status == 200, body
+            assert _post(f"{base}/finish_weight_update", {"weight_version": str(version)})[0] == 200
+            assert mismatches(version) <= padded, version
+        assert requests.get(f"{base}/weight_info", timeout=30).json()["weight_version"] == str(STEPS)
+        assert _post(f"{base}/start_weight_update", {})[0] == 200
+        status, _ = _post(f"{base}/update_weights", {"update_info": {"version": 1}})
+        assert status >= 400  # cannot go back; nothing written
+        assert mismatches(STEPS) <= padded
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+        log.close()
