@@ -204,25 +204,29 @@ def updates_done(engine) -> list[dict]:
     return engine.collective_rpc(lambda worker: [dict(r.__dict__) for r in worker.weight_transfer_engine.updates])[0]
 
 
-def test_a_gap_is_closed_by_the_cheaper_path(trained, llm):
-    """Back at version 0 (vLLM's own full reload of snapshot 0), one ``update_weights`` to the last version
-    takes the path ``plan_catch_up`` prices cheapest — here snapshot 2 plus delta 3, since every GRPO step at
-    this learning rate changes most elements — and lands bit-exactly."""
-    from aurora_store.store import plan_catch_up
-    from aurora_store.store.snapshots import read_snapshot_manifest
+def test_a_gap_is_closed_from_a_snapshot_where_deltas_are_gone(trained, llm, tmp_path):
+    """Back at version 0 (vLLM's own full reload of snapshot 0), one ``update_weights`` to the last version,
+    with a garbage-collected regional bucket listed first (it keeps snapshot 2 and delta 3 only, as
+    ``aurora gc --keep-snapshots 1`` leaves it): the backend plans snapshot 2 + delta 3 there
+    (``plan_catch_up``) and lands bit-exactly."""
+    import shutil
 
-    store = DeltaStore(open_bucket(trained.bucket))
-    plan = plan_catch_up(0, STEPS, {v: store.delta_bytes(v) for v in store.versions()},
-                         {s: read_snapshot_manifest(store, s).total_bytes for s in store.snapshot_versions()})
-    assert (plan.kind, plan.snapshot, plan.deltas) == ("snapshot", 2, (3,)), plan
+    from aurora_store.ops.gc import collect_garbage
+
+    regional = tmp_path / "regional"
+    shutil.copytree(trained.bucket, regional)
+    collect_garbage(str(regional), keep_snapshots=1)
+    store = DeltaStore(open_bucket(str(regional)))
+    assert (store.snapshot_versions(), store.versions()) == ([2], [3])
     llm.collective_rpc("reload_weights", kwargs={"weights_path": str(trained.snapshot_dir)})
     assert engine_digest(llm) == trained.digests[0]
-    llm.init_weight_transfer_engine({"init_info": {"bucket": trained.bucket, "run": RUN,
+    # Version 0 is found in the source bucket (the regional one no longer has it).
+    llm.init_weight_transfer_engine({"init_info": {"bucket": [str(regional), trained.bucket], "run": RUN,
                                                    "trainer_public_key": trained.public_key}})
     update(llm, STEPS)
     assert engine_digest(llm) == trained.digests[STEPS]
     record = updates_done(llm)[-1]
-    assert (record["kind"], record["versions"], record["version"]) == ("snapshot", (2, 3), STEPS), record
+    assert (record["kind"], record["versions"], record["bucket"]) == ("snapshot", (2, 3), store.url), record
 
 
 def _post(url: str, body: dict) -> tuple[int, dict]:
