@@ -261,8 +261,11 @@ def test_vllm_serve_rl_routes_follow_the_run(trained, tmp_path):
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
            "PYTHONPATH": os.pathsep.join([str(dist.parent), str(root)])}
     log = (tmp_path / "serve.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(trained.snapshot_dir),
-                             "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--enforce-eager",
+    # vLLM's API server, as ``vllm serve`` runs it (the ``vllm`` CLI itself looks up the distribution named
+    # "vllm" for its version, and the CPU build's distribution is "vllm-cpu").
+    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                             "--model", str(trained.snapshot_dir), "--host", "127.0.0.1", "--port", str(port),
+                             "--dtype", "bfloat16", "--enforce-eager",
                              "--max-model-len", "64", "--weight-transfer-config", '{"backend": "aurora"}'],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -283,7 +286,10 @@ def test_vllm_serve_rl_routes_follow_the_run(trained, tmp_path):
             assert status == 200, body
             expected = {n: hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
                         for n, t in trained.layout.fuse(trained.states[version]).items()}
-            return {n for n in expected if body["checksums"].get(n) != expected[n]}
+            # Keys are "dp0:pp0:pcp0:tp0:<parameter name>" (one worker at TP 1).
+            actual = {key.rsplit(":", 1)[-1]: value for key, value in body["checksums"].items()}
+            assert set(actual) == set(expected), sorted(set(actual) ^ set(expected))
+            return {n for n in expected if actual[n] != expected[n]}
 
         # vLLM pads the vocabulary, so the embedding parameter holds rows beyond the checkpoint's: its
         # whole-parameter checksum is not the checkpoint tensor's (the in-process test compares it bit by bit).
