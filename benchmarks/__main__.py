@@ -21,6 +21,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "activate": ("benchmarks.activate", "vLLM: in-place activation vs a full weight reload (needs vLLM)"),
     "control_plane": ("benchmarks.control_plane", "control plane under N simulated actors: dispatch latency, "
                                                   "settles/s, Redis load, safety"),
+    "vllm_backend": ("benchmarks.vllm_backend", "vLLM: the aurora backend's in-place scatter vs vLLM's NaN-masked "
+                                                "sparse patch (needs vLLM)"),
     "wan": ("benchmarks.wan_bench.cli", "delivery over emulated cross-region links: delta vs full, streams, "
                                         "cut-through, relays, end to end (needs root)"),
 }

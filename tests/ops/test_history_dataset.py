@@ -15,7 +15,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from aurora_store.cli import main
-from aurora_store.store import DeltaStore, history, keys
+from aurora_store.store import DeltaStore, history, object_names
 from tests.ops.helpers import build_bucket
 
 VERSIONS = 3
@@ -105,7 +105,7 @@ def test_a_directory_history_is_a_dataset_and_in_flight_writes_are_skipped(tmp_p
     assert history.load(url).num_rows == 0  # no history yet: an empty table with the schema
     build_bucket(url, versions=VERSIONS, snapshots=(0,))
     # What a local writer leaves for a moment (a temporary file, renamed into place when complete).
-    (tmp_path / "bucket" / keys.HISTORY / ".aurora-tmp-0123abcd").write_bytes(b"partial")
+    (tmp_path / "bucket" / object_names.HISTORY / ".aurora-tmp-0123abcd").write_bytes(b"partial")
     expected = log_rows(url, capsys)
     dataset_url, options = history.location(url)
     assert options == {} and dataset_url == f"{tmp_path / 'bucket'}/history/"

@@ -47,7 +47,7 @@ def test_in_process_engine_applies_the_chain_in_place(inproc_engine, published_r
     layout = published_run.layout
     assert inproc_engine.target.digest == published_run.digests[0]
     records = apply_chain(inproc_engine, published_run.store, range(1, CHAIN + 1))
-    assert all(r["rpc"].get("aurora_scatter") == 1 for r in records), records
+    assert all(r["rpc"].get("update_weights") == 1 for r in records), records
     assert inproc_engine.target.full_digest() == published_run.digests[CHAIN]
     expected = fused_bits(layout, published_run.states[CHAIN])
     for name, bits in engine_bits(inproc_engine, layout).items():

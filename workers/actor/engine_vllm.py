@@ -9,8 +9,11 @@ process, reached from the engine core through vLLM's shared-memory queue. Only i
 of *changed* elements cross those boundaries; the weights never do.
 
 Round trips. ``aurora_store.codec.activate`` calls ``scatter`` once per tensor; the target queues those
-writes and sends them as **one** ``aurora_scatter`` call at the next safe point — the next read, the next
-batch, or :meth:`VllmEngine.weights_changed` (which the actor calls right after activating). Staging reads
+writes and sends them as **one** ``update_weights`` call (inside vLLM's weight-update session,
+``start_weight_update`` / ``update_weights`` / ``finish_weight_update``, served by the ``aurora``
+weight-transfer backend of :mod:`workers.integrations.vllm_backend` in push mode) at the next safe point —
+the next read, the next batch, or :meth:`VllmEngine.weights_changed` (which the actor calls right after
+activating). Staging reads
 old bits with one ``aurora_gather`` call per changed tensor through ``gather`` (what ``decoder.stage`` does
 today), or with one call in all through ``gather_many``. After every write the engine's prefix cache is
 reset: KV blocks computed under the old weights must not be reused under the new ones.
@@ -40,19 +43,20 @@ from aurora_store.codec.digest import WeightsDigest
 from aurora_store.errors import AuroraError, ConfigError, EngineError, LayoutError
 from workers.actor.engine import Completion
 from workers.actor.vllm_ext import (
+    BACKEND_NAME,
+    EXTENSION_PATH,
     RPC_ATTACH,
     RPC_DIGEST,
     RPC_GATHER,
     RPC_PARAMETERS,
     RPC_READ,
-    RPC_SCATTER,
     merge_gathered,
     pack_indices,
     sum_digests,
     unpack_bits,
 )
 
-EXTENSION = "workers.actor.vllm_ext.AuroraWorkerExtension"
+EXTENSION = EXTENSION_PATH
 #: Environment the engine needs on our machines unless the caller set otherwise: no Hub access, and a
 #: bounded KV cache on the CPU backend (GiB).
 ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -170,7 +174,7 @@ class VllmWeightTarget:
             self._pending.append((name, indices, bits))
 
     def flush(self) -> None:
-        """Send queued writes as one ``aurora_scatter`` call (a no-op when nothing is queued)."""
+        """Send queued writes as one ``update_weights`` call (a no-op when nothing is queued)."""
         with self._gate.hold(priority=True):
             self._flush_locked()
 
@@ -184,7 +188,13 @@ class VllmWeightTarget:
         updates, self._pending = self._pending, []
         wire = [[name, *pack_indices(indices), bits.numpy().tobytes()] for name, indices, bits in updates]
         try:
-            self._call(RPC_SCATTER, wire)
+            # vLLM's own weight-update session, served by the ``aurora`` backend in push mode: it writes the
+            # changed elements in place with the same scatter core as a pull update (a failing update ends
+            # the session on the worker by itself).
+            self._call("start_weight_update")
+            self._call("update_weights", {"scatter": wire, "version": self.version,
+                                          "weights_digest": str(self.digest)})
+            self._call("finish_weight_update")
             self._on_write()
         except AuroraError:
             # The worker validates everything before writing, but a lost reply leaves the weights unknown:
@@ -221,12 +231,14 @@ class VllmEngine:
         self._gate = _Gate()
         self.llm = LLM(model=str(model_dir), dtype="bfloat16", enforce_eager=True, max_model_len=self.max_model_len,
                        seed=seed, worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs",
-                       **engine_args)
+                       weight_transfer_config={"backend": BACKEND_NAME}, **engine_args)
         problems = self._rpc(RPC_ATTACH, (layout.to_json(),))
         flat = sorted({p for rank in problems for p in rank})
         if flat:
             self.close()
             raise LayoutError(f"vLLM's parameters do not match the layout: {'; '.join(flat[:8])}")
+        # Writes go through vLLM's weight-transfer API, served by the ``aurora`` backend in push mode.
+        self._rpc("init_weight_transfer_engine", (), {"init_info": {"layout": layout.to_json(), "version": version}})
         self.target = VllmWeightTarget(layout, self._rpc, self._gate, self.reset_prefix_cache, version=version)
 
     # --- engine protocol ---------------------------------------------------------------------------

@@ -208,10 +208,32 @@ def _row_shard(tensor: InferenceTensor, local_shape: Sequence[int], tp_rank: int
 # --- CPU backend: keep the parameters the live weights ------------------------------------------------
 
 
+#: The worker extension's import path (``worker_extension_cls``) and the weight-transfer backend's name: an
+#: engine configured with either keeps its CPU weights addressable.
+EXTENSION_PATH = "workers.actor.vllm_ext.AuroraWorkerExtension"
+BACKEND_NAME = "aurora"
+
+
+def engine_uses_aurora() -> bool:
+    """Whether the vLLM engine being built (the current vLLM config) updates its weights through Aurora:
+    either this worker extension or the ``aurora`` weight-transfer backend. Without a current config (model
+    code called outside an engine) the answer is yes, as before the backend existed."""
+    from vllm.config.vllm import get_current_vllm_config_or_none
+
+    config = get_current_vllm_config_or_none()
+    if config is None:
+        return True
+    transfer = getattr(config, "weight_transfer_config", None)
+    return (config.parallel_config.worker_extension_cls == EXTENSION_PATH
+            or (transfer is not None and transfer.backend == BACKEND_NAME))
+
+
 def keep_cpu_weights_addressable() -> None:
-    """On vLLM's CPU backend, make unquantized linear layers (and the tied LM head) compute from their
-    parameters instead of a repacked copy, so in-place writes reach the kernels. Idempotent; a no-op on
-    other platforms. Runs before the model is built because vLLM imports this module first."""
+    """On vLLM's CPU backend, make unquantized linear layers (and the tied LM head) of engines that update
+    weights through Aurora (:func:`engine_uses_aurora`) compute from their parameters instead of a repacked
+    copy, so in-place writes reach the kernels; other engines in the same process keep vLLM's packed GEMM.
+    Idempotent; a no-op on other platforms. Runs before the model is built: vLLM imports this module first
+    (worker extension), or the ``aurora`` plugin imports it when vLLM loads its general plugins."""
     from vllm.model_executor.layers import utils as layer_utils
     from vllm.platforms import current_platform
 
@@ -221,7 +243,7 @@ def keep_cpu_weights_addressable() -> None:
 
     def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
         weight = getattr(layer, "weight", None)
-        if weight is None or weight.ndim != 2 or weight.is_meta:
+        if weight is None or weight.ndim != 2 or weight.is_meta or not engine_uses_aurora():
             original(layer, remove_weight)
             return
         # vLLM's own fallback path; keeps layer.weight. torch types Module.__setattr__ as Tensor | Module only,
@@ -232,8 +254,120 @@ def keep_cpu_weights_addressable() -> None:
     layer_utils.dispatch_cpu_unquantized_gemm = dispatch
 
 
+def register_backend() -> None:
+    """Register the ``aurora`` weight-transfer backend with vLLM (lazily: its module is imported only when an
+    engine is built with it). Idempotent. The ``vllm.general_plugins`` entry point calls this in every vLLM
+    process of an installed package; importing this module (the worker extension) does too, so engines built
+    with the extension find the backend even where the package's entry points are not installed."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    if BACKEND_NAME not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(BACKEND_NAME, "workers.integrations.vllm_backend",
+                                                    "AuroraWeightTransferEngine")
+
+
 with contextlib.suppress(ImportError):  # importable without vLLM (e.g. for the shard maths alone)
     keep_cpu_weights_addressable()
+    register_backend()
+
+
+# --- the scatter core (shared by the worker extension and the ``aurora`` weight-transfer backend) -------
+
+
+def flat_bits(params: dict[str, torch.nn.Parameter], name: str, shard: Shard) -> torch.Tensor:
+    """The parameter's storage as flat int16 bits. ``params`` is looked up afresh for every call, so that a
+    parameter replaced by the engine (e.g. by a full reload) is never written through a stale view."""
+    param = params[name]
+    if param.numel() != shard.local_numel or not param.is_contiguous():
+        raise LayoutError(f"{name}: engine parameter changed shape or layout since attach")
+    return param.data.view(-1).view(torch.int16)
+
+
+def bind_layout(layout: ModelLayout, params: dict[str, torch.nn.Parameter], tp_rank: int,
+                tp_size: int) -> tuple[dict[str, Shard], list[str]]:
+    """Bind the codec layout to a worker's parameters: ``(shards, problems)`` (no problems = bound).
+    Every layout tensor must be an engine parameter of the same dtype and a compatible shape, and every
+    engine parameter must be in the layout — nothing may be left out of deltas and digests."""
+    problems = [f"engine parameter {n} is not in the layout" for n in params if n not in layout]
+    shards: dict[str, Shard] = {}
+    for tensor in layout.tensors:
+        param = params.get(tensor.name)
+        if param is None:
+            problems.append(f"layout tensor {tensor.name} is not an engine parameter")
+            continue
+        if str(param.dtype).removeprefix("torch.") != tensor.dtype:
+            problems.append(f"{tensor.name}: engine dtype {param.dtype}, layout {tensor.dtype}")
+            continue
+        if not param.is_contiguous():
+            problems.append(f"{tensor.name}: engine parameter is not contiguous")
+            continue
+        try:
+            shards[tensor.name] = shard_for(tensor, tuple(param.shape), tp_rank, tp_size)
+        except LayoutError as exc:
+            problems.append(str(exc))
+    if tp_size != 1:
+        problems.append(f"tensor parallelism {tp_size} is not enabled yet (only TP=1 is tested)")
+    return shards, problems
+
+
+def gather_local(layout: ModelLayout, shards: dict[str, Shard], params: dict[str, torch.nn.Parameter], name: str,
+                 indices: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """``(positions or None, bits)`` of the elements at sorted global ``indices`` of ``name`` that this rank
+    holds (``None`` = all of them, in order; a replica that is not the owner returns no elements)."""
+    shard = shards[layout[name].name]
+    flat = flat_bits(params, name, shard)
+    positions, local = shard.select(indices)
+    if not shard.owner:
+        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int16)
+    _check_bounds(name, local, shard.numel if shard.full else shard.local_numel)
+    return positions, flat.index_select(0, local.to(flat.device)).cpu()
+
+
+def scatter_in_place(layout: ModelLayout, shards: dict[str, Shard], params: dict[str, torch.nn.Parameter],
+                     updates: Iterable[tuple[str, torch.Tensor, torch.Tensor]]) -> int:
+    """Write ``(name, sorted global flat indices, int16 bits)`` updates into this rank's parameters in place;
+    returns elements written. Everything is validated before the first write, so a bad update leaves the
+    weights untouched."""
+    plan = []
+    for name, indices, bits in updates:
+        shard = shards[layout[name].name]
+        if indices.numel() != bits.numel():
+            raise LayoutError(f"{name}: {indices.numel()} indices but {bits.numel()} values")
+        positions, local = shard.select(indices)
+        if positions is not None:
+            bits = bits[positions]
+        _check_bounds(name, local, shard.numel if shard.full else shard.local_numel)
+        plan.append((flat_bits(params, name, shard), local, bits))
+    written = 0
+    with torch.no_grad():
+        for flat, local, bits in plan:
+            # index_put_ rather than index_copy_: ~2.5x faster on CPU; indices are unique (strictly
+            # increasing, checked when the delta was decoded), so the write order does not matter.
+            flat.index_put_((local.to(flat.device),), bits.to(flat.device))
+            written += local.numel()
+    return written
+
+
+def digest_local(layout: ModelLayout, shards: dict[str, Shard], params: dict[str, torch.nn.Parameter]) -> WeightsDigest:
+    """This rank's share of the weights digest (the whole digest at TP=1), hashed from scratch."""
+    total = ZERO
+    for tensor in layout.tensors:
+        shard = shards[tensor.name]
+        if not shard.owner:
+            continue
+        flat = flat_bits(params, tensor.name, shard).cpu()
+        if shard.full:
+            total = total + hash_range(tensor.name, 0, flat[: tensor.numel])
+        else:
+            glob = shard.global_indices()
+            total = total + hash_elements(tensor.name, glob, flat[: glob.numel()])
+    return total
+
+
+def read_local(layout: ModelLayout, shards: dict[str, Shard], params: dict[str, torch.nn.Parameter],
+               name: str) -> torch.Tensor:
+    """A copy of the full flat bits of ``name`` (TP=1; for checks and tests — O(tensor size))."""
+    return flat_bits(params, name, shards[name])[: layout[name].numel].cpu().clone()
 
 
 # --- the extension ------------------------------------------------------------------------------------
@@ -259,14 +393,6 @@ class AuroraWorkerExtension:
             raise LayoutError("no layout attached: call aurora_attach first")
         return state
 
-    def _aurora_flat(self, params: dict[str, torch.nn.Parameter], name: str, shard: Shard) -> torch.Tensor:
-        """The parameter's storage as flat int16 bits. ``params`` is looked up afresh for every RPC, so that a
-        parameter replaced by the engine (e.g. by a full reload) is never written through a stale view."""
-        param = params[name]
-        if param.numel() != shard.local_numel or not param.is_contiguous():
-            raise LayoutError(f"{name}: engine parameter changed shape or layout since attach")
-        return param.data.view(-1).view(torch.int16)
-
     def _aurora_params(self) -> dict[str, torch.nn.Parameter]:
         return dict(self._aurora_model().named_parameters())
 
@@ -275,31 +401,10 @@ class AuroraWorkerExtension:
         return [[n, list(p.shape), str(p.dtype).removeprefix("torch.")] for n, p in self._aurora_params().items()]
 
     def aurora_attach(self, layout_doc: dict[str, Any]) -> list[str]:
-        """Bind the codec layout to this worker's parameters. Returns the problems found (empty = bound):
-        every layout tensor must be an engine parameter of the same dtype and a compatible shape, and every
-        engine parameter must be in the layout — nothing may be left out of deltas and digests."""
+        """Bind the codec layout to this worker's parameters (:func:`bind_layout`); returns the problems
+        found (empty = bound)."""
         layout = ModelLayout.from_json(layout_doc)
-        params = self._aurora_params()
-        rank, size = self._aurora_tp()
-        problems = [f"engine parameter {n} is not in the layout" for n in params if n not in layout]
-        shards: dict[str, Shard] = {}
-        for tensor in layout.tensors:
-            param = params.get(tensor.name)
-            if param is None:
-                problems.append(f"layout tensor {tensor.name} is not an engine parameter")
-                continue
-            if str(param.dtype).removeprefix("torch.") != tensor.dtype:
-                problems.append(f"{tensor.name}: engine dtype {param.dtype}, layout {tensor.dtype}")
-                continue
-            if not param.is_contiguous():
-                problems.append(f"{tensor.name}: engine parameter is not contiguous")
-                continue
-            try:
-                shards[tensor.name] = shard_for(tensor, tuple(param.shape), rank, size)
-            except LayoutError as exc:
-                problems.append(str(exc))
-        if size != 1:
-            problems.append(f"tensor parallelism {size} is not enabled yet (only TP=1 is tested)")
+        shards, problems = bind_layout(layout, self._aurora_params(), *self._aurora_tp())
         if not problems:
             self._aurora_state = (layout, shards)
         return problems
@@ -311,64 +416,28 @@ class AuroraWorkerExtension:
         params = self._aurora_params()
         out: list[list[bytes | None]] = []
         for name, kind, data in requests:
-            shard = shards[layout[name].name]
-            flat = self._aurora_flat(params, name, shard)
-            positions, local = shard.select(unpack_indices(kind, data))
-            if not shard.owner:
-                out.append([np.zeros(0, np.int64).tobytes(), b""])
-                continue
-            _check_bounds(name, local, shard.numel if shard.full else shard.local_numel)
-            bits = flat.index_select(0, local.to(flat.device)).cpu()
+            positions, bits = gather_local(layout, shards, params, name, unpack_indices(kind, data))
             out.append([None if positions is None else positions.numpy().tobytes(), bits.numpy().tobytes()])
         return out
 
     def aurora_scatter(self, updates: list[list[Any]]) -> int:
-        """Write ``[name, index_kind, index_bytes, bits_bytes]`` updates in place; returns elements written.
-        All updates are validated before the first write, so a bad request leaves the weights untouched."""
+        """Write ``[name, index_kind, index_bytes, bits_bytes]`` updates in place (:func:`scatter_in_place`);
+        returns elements written."""
         layout, shards = self._aurora_bound()
-        params = self._aurora_params()
-        plan = []
-        for name, kind, data, bits_data in updates:
-            shard = shards[layout[name].name]
-            indices, bits = unpack_indices(kind, data), unpack_bits(bits_data)
-            if indices.numel() != bits.numel():
-                raise LayoutError(f"{name}: {indices.numel()} indices but {bits.numel()} values")
-            positions, local = shard.select(indices)
-            if positions is not None:
-                bits = bits[positions]
-            _check_bounds(name, local, shard.numel if shard.full else shard.local_numel)
-            plan.append((self._aurora_flat(params, name, shard), local, bits))
-        written = 0
-        with torch.no_grad():
-            for flat, local, bits in plan:
-                # index_put_ rather than index_copy_: ~2.5x faster on CPU; indices are unique (strictly
-                # increasing, checked when the delta was decoded), so the write order does not matter.
-                flat.index_put_((local.to(flat.device),), bits.to(flat.device))
-                written += local.numel()
-        return written
+        return scatter_in_place(layout, shards, self._aurora_params(),
+                                [(name, unpack_indices(kind, data), unpack_bits(bits))
+                                 for name, kind, data, bits in updates])
 
     def aurora_digest(self) -> str:
         """This rank's share of the weights digest (the whole digest at TP=1), hashed from scratch."""
         layout, shards = self._aurora_bound()
-        params = self._aurora_params()
-        total = ZERO
-        for tensor in layout.tensors:
-            shard = shards[tensor.name]
-            if not shard.owner:
-                continue
-            flat = self._aurora_flat(params, tensor.name, shard).cpu()
-            if shard.full:
-                total = total + hash_range(tensor.name, 0, flat[: tensor.numel])
-            else:
-                glob = shard.global_indices()
-                total = total + hash_elements(tensor.name, glob, flat[: glob.numel()])
-        return str(total)
+        return str(digest_local(layout, shards, self._aurora_params()))
 
     def aurora_read(self, names: list[str]) -> list[bytes]:
         """Full flat bits of the named tensors (TP=1; for checks and tests — O(tensor size))."""
         layout, shards = self._aurora_bound()
         params = self._aurora_params()
-        return [self._aurora_flat(params, n, shards[n])[: layout[n].numel].cpu().numpy().tobytes() for n in names]
+        return [read_local(layout, shards, params, n).numpy().tobytes() for n in names]
 
 
 def _check_bounds(name: str, local: torch.Tensor, limit: int) -> None:

@@ -1,0 +1,377 @@
+"""Aurora as a vLLM weight-transfer backend: ``weight_transfer_config={"backend": "aurora"}``.
+
+vLLM (0.32) lets an RL stack move new weights into a running engine through a pluggable
+``WeightTransferEngine`` that lives in every worker: ``LLM.init_weight_transfer_engine`` (once), then per
+update ``start_weight_update`` / ``update_weights`` / ``finish_weight_update`` (the same calls exist on
+``AsyncLLM`` and, with ``VLLM_SERVER_DEV_MODE=1``, as HTTP routes of ``vllm serve``). This module registers
+:class:`AuroraWeightTransferEngine` under the name ``aurora`` through vLLM's general-plugin entry point
+(``vllm.general_plugins`` → :func:`register`, declared in ``pyproject.toml``), so it is available in every
+vLLM process once ``aurora-rl`` is installed.
+
+Init info (``init_weight_transfer_engine({"init_info": {...}})``):
+
+* ``bucket``: a bucket URL, or a list of them tried in order (e.g. the region's bucket fed by a relay, then
+  the trainer's source bucket);
+* ``run``: the run name the bucket must hold (its ``run.json``), so an engine never follows another run;
+* ``trainer_public_key``: the trainer's Ed25519 public key (base64 or a path); every manifest is verified
+  before anything it names is fetched. ``None`` accepts unsigned runs (local experiments);
+* ``version``: the published version the engine's loaded weights are (default 0, the run's first
+  snapshot). The engine's weights are hashed from scratch and must equal that version's digest.
+
+Update info (``update_weights({"update_info": {...}})``):
+
+* ``version``: the version to activate (default: the newest in the bucket);
+* ``base_version`` (optional): refuse unless the engine is at exactly this version;
+* ``weights_digest`` (optional): refuse unless the target version's manifest carries this digest;
+* ``check_full_digest`` (optional): after activating, hash the engine's weights from scratch and compare.
+
+Each update plans the cheapest path by bytes (:func:`~aurora_store.store.plan_catch_up`: the chain of deltas
+from the current version, or a snapshot plus the tail of the chain), then for every version: verify the
+signed manifest, check base version and base digest against the engine, fetch and verify segments, decode,
+check that the result's digest is the manifest's, and only then scatter the changed elements into vLLM's own
+fused parameters in place (the same scatter core as the actor's worker extension,
+:func:`workers.actor.vllm_ext.scatter_in_place`). Writes are O(changed elements); nothing full-shape is
+allocated on the delta path. A version either lands whole or not at all; if a later version of a chain
+fails, the engine stays at the last version that landed (still verified) and the error is raised.
+
+KV blocks computed under older weights must not be reused: call ``llm.reset_prefix_cache()`` after
+``finish_weight_update`` (vLLM's RL routes do this with ``/pause?clear_cache=true``).
+
+Limits: tensor parallelism 1 (the shard maths of :mod:`workers.actor.vllm_ext` exist for TP > 1 but are not
+enabled); the model's layout must be one :class:`~aurora_store.codec.ModelLayout` describes (Qwen2/Qwen3/
+Llama-style decoders).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from vllm.distributed.weight_transfer.base import (
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+
+from aurora_store.codec.decoder import Staged, activate
+from aurora_store.codec.digest import WeightsDigest
+from aurora_store.codec.layout import ModelLayout
+from aurora_store.codec.manifest import DeltaManifest
+from aurora_store.config import TransferSettings
+from aurora_store.errors import (
+    AuroraError,
+    BaseVersionMismatchError,
+    ConfigError,
+    DigestMismatchError,
+    LayoutError,
+    StoreError,
+    VersionNotFoundError,
+)
+from aurora_store.store import DeltaStore, open_bucket, plan_catch_up
+from aurora_store.store.replay import stage_snapshot, stage_version
+from aurora_store.store.snapshots import SnapshotManifest, read_snapshot_manifest
+from aurora_store.trust import Verifier
+from workers.actor.vllm_ext import (
+    Shard,
+    bind_layout,
+    digest_local,
+    gather_local,
+    keep_cpu_weights_addressable,
+    read_local,
+    register_backend,
+    scatter_in_place,
+    unpack_bits,
+    unpack_indices,
+)
+
+log = logging.getLogger("aurora.vllm_backend")
+#: Update records kept on the engine (for inspection; bounded over a long run).
+RECORDS_KEPT = 64
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point: register the ``aurora`` backend (lazily: its module is
+    imported only when an engine asks for it) and keep CPU weights addressable for engines that use it.
+    vLLM calls this once per process; it is idempotent."""
+    register_backend()
+    keep_cpu_weights_addressable()
+
+
+@dataclass
+class AuroraInitInfo(WeightTransferInitInfo):
+    bucket: str | list[str] | None = None
+    layout: dict[str, Any] | None = None  # push mode (no bucket): the caller stages, the backend writes
+    run: str | None = None
+    trainer_public_key: str | None = None
+    version: int | None = 0
+    streams: int | None = None
+
+
+@dataclass
+class AuroraUpdateInfo(WeightTransferUpdateInfo):
+    version: int | None = None
+    base_version: int | None = None
+    weights_digest: str | None = None
+    check_full_digest: bool = False
+    scatter: list[list[Any]] | None = None  # push mode: [name, index kind, index bytes, bits bytes] per tensor
+
+
+@dataclass
+class UpdateRecord:
+    """What one ``update_weights`` call did (kept on the engine for inspection)."""
+
+    version: int
+    kind: str  # "none", "replay" or "snapshot"
+    versions: tuple[int, ...]
+    changed: int
+    bucket: str
+    stage_s: float = 0.0
+    activate_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ModelTarget:
+    """:class:`~aurora_store.codec.WeightTarget`'s interface over a vLLM worker's own parameters.
+
+    Reads go straight to the parameters; ``scatter`` queues and :meth:`flush` writes everything queued with
+    one :func:`~workers.actor.vllm_ext.scatter_in_place` call, which validates every update before the first
+    write.
+    """
+
+    def __init__(self, layout: ModelLayout, model: torch.nn.Module, shards: dict[str, Shard],
+                 version: int | None = None) -> None:
+        self.layout = layout
+        self._model = model
+        self._shards = shards
+        self._pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+        self.version = version
+        self.digest = self.full_digest()
+
+    def _params(self) -> dict[str, torch.nn.Parameter]:
+        return dict(self._model.named_parameters())
+
+    def gather(self, name: str, indices: torch.Tensor) -> torch.Tensor:
+        positions, bits = gather_local(self.layout, self._shards, self._params(), name, indices)
+        if positions is not None:  # TP > 1 is refused at bind time; a partial answer is a bug
+            raise LayoutError(f"{name}: this rank holds only part of the tensor")
+        return bits
+
+    def gather_many(self, requests: Sequence[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
+        return [self.gather(name, indices) for name, indices in requests]
+
+    def element(self, name: str, index: int) -> int:
+        return int(self.gather(name, torch.tensor([index], dtype=torch.int64))[0])
+
+    def scatter(self, name: str, indices: torch.Tensor, bits: torch.Tensor) -> None:
+        if indices.numel() != bits.numel() or bits.dtype != torch.int16:
+            raise LayoutError(f"{name}: scatter needs one int16 value per index")
+        self.layout[name]
+        self._pending.append((name, indices, bits))
+
+    def flush(self) -> int:
+        updates, self._pending = self._pending, []
+        return scatter_in_place(self.layout, self._shards, self._params(), updates) if updates else 0
+
+    def full_digest(self) -> WeightsDigest:
+        return digest_local(self.layout, self._shards, self._params())
+
+    def fused_bits(self, name: str) -> torch.Tensor:
+        return read_local(self.layout, self._shards, self._params(), name)
+
+
+class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpdateInfo]):
+    """Follows a published Aurora run inside a vLLM worker (see the module docs)."""
+
+    init_info_cls = AuroraInitInfo
+    update_info_cls = AuroraUpdateInfo
+    supports_draft_weight_update = False
+
+    def __init__(self, config, vllm_config, device, model) -> None:
+        super().__init__(config, vllm_config, device, model)
+        self.stores: list[DeltaStore] = []
+        self.verify: Verifier | None = None
+        self.target: ModelTarget | None = None
+        self.updates: list[UpdateRecord] = []
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def init_transfer_engine(self, init_info: AuroraInitInfo) -> None:
+        from vllm.distributed.parallel_state import (
+            get_tensor_model_parallel_rank,
+            get_tensor_model_parallel_world_size,
+        )
+
+        tp = (get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size())
+        if init_info.bucket is None:
+            self._init_push(init_info, tp)
+            return
+        urls = [init_info.bucket] if isinstance(init_info.bucket, str) else list(init_info.bucket)
+        if not urls:
+            raise ConfigError("the aurora backend needs at least one bucket URL")
+        settings = TransferSettings.from_env()
+        if init_info.streams:
+            settings = TransferSettings(**{**settings.__dict__, "streams": init_info.streams})
+        stores = [DeltaStore(open_bucket(url, settings=settings), settings) for url in urls]
+        verify = Verifier.load(init_info.trainer_public_key) if init_info.trainer_public_key else None
+        # The layout comes from a signed manifest of the starting version (its document is checked against
+        # the manifest's fingerprint when read).
+        store, manifest = self._first_manifest(stores, init_info.version, verify)
+        if init_info.run is not None:
+            run = (store.run_info() or {}).get("run")
+            if run != init_info.run:
+                raise ConfigError(f"{store.url} holds run {run!r}, not {init_info.run!r}")
+        layout = store.layout(manifest.layout_fingerprint)
+        shards, problems = bind_layout(layout, dict(self.model.named_parameters()), *tp)
+        if problems:
+            raise LayoutError(f"vLLM's parameters do not match the run's layout: {'; '.join(problems[:8])}")
+        target = ModelTarget(layout, self.model, shards, version=init_info.version)
+        if str(target.digest) != manifest.weights_digest:
+            raise DigestMismatchError(f"the engine's weights hash to {target.digest}, version {init_info.version} "
+                                      f"of {store.url} to {manifest.weights_digest}: load that version's snapshot")
+        self.stores, self.verify, self.target = stores, verify, target
+        log.info("aurora backend following %s from version %d", ", ".join(s.url for s in stores), init_info.version)
+
+    def _init_push(self, init_info: AuroraInitInfo, tp: tuple[int, int]) -> None:
+        """Push mode — what our actor uses: it stages versions itself (fetch, verify, decode, digest check,
+        against this engine's weights read through the worker extension) while vLLM generates, and hands the
+        backend only the changed elements to write (``update_info["scatter"]``)."""
+        if init_info.layout is None:
+            raise ConfigError("the aurora backend needs a bucket URL, or a layout in push mode")
+        layout = ModelLayout.from_json(init_info.layout)
+        shards, problems = bind_layout(layout, dict(self.model.named_parameters()), *tp)
+        if problems:
+            raise LayoutError(f"vLLM's parameters do not match the layout: {'; '.join(problems[:8])}")
+        self.stores, self.verify = [], None
+        self.target = ModelTarget(layout, self.model, shards, version=init_info.version)
+
+    @staticmethod
+    def _first_manifest(stores: list[DeltaStore], version: int, verify: Verifier | None):
+        """The first store holding ``version`` (as a snapshot or a delta) and that manifest, verified."""
+        errors = []
+        for store in stores:
+            manifest: SnapshotManifest | DeltaManifest
+            try:
+                if version in store.snapshot_versions():
+                    manifest = read_snapshot_manifest(store, version)
+                else:
+                    manifest = store.manifest(version)
+            except StoreError as exc:
+                errors.append(f"{store.url}: {exc}")
+                continue
+            if verify is not None:
+                verify(manifest)
+            return store, manifest
+        raise VersionNotFoundError(f"no bucket holds version {version}: {'; '.join(errors)}")
+
+    def start_weight_update(self) -> None:
+        self._bound()  # in-place updates need no reload lifecycle
+
+    def finish_weight_update(self) -> None:
+        self._bound()
+
+    def shutdown(self) -> None:
+        for store in self.stores:
+            store.close()
+        self.stores, self.target = [], None
+
+    # --- updates ---------------------------------------------------------------------------------
+
+    def _bound(self) -> ModelTarget:
+        if self.target is None:
+            raise ConfigError("the aurora backend is not initialised: call init_weight_transfer_engine first")
+        return self.target
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        # The base class also synchronises the accelerator; our writes are synchronous index_put_ calls.
+        self.receive_weights(self.parse_update_info(update_info))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def receive_weights(self, update_info: AuroraUpdateInfo) -> None:
+        target = self._bound()
+        if update_info.scatter is not None:
+            self._push(target, update_info)
+            return
+        if not self.stores:
+            raise ConfigError("this aurora backend was initialised in push mode: updates must carry `scatter`")
+        if update_info.base_version is not None and update_info.base_version != target.version:
+            raise BaseVersionMismatchError(f"update expects the engine at version {update_info.base_version}, "
+                                           f"it is at {target.version}")
+        if update_info.version is not None and target.version is not None and update_info.version < target.version:
+            raise BaseVersionMismatchError(f"the engine is at version {target.version} and cannot go back to "
+                                           f"{update_info.version}")
+        errors: list[str] = []
+        for store in self.stores:
+            try:
+                record = self._update_from(store, target, update_info)
+            except (StoreError, VersionNotFoundError) as exc:
+                # A bucket that lacks something (a relay behind, an outage): try the next one. Verification
+                # failures (signature, digest, base) are not retried elsewhere — they are not transient.
+                errors.append(f"{store.url}: {exc}")
+                log.warning("aurora update from %s failed: %s", store.url, exc)
+                continue
+            self._record(record)
+            return
+        raise VersionNotFoundError(f"no bucket could provide the update: {'; '.join(errors)}")
+
+    def _record(self, record: UpdateRecord) -> None:
+        self.updates.append(record)
+        del self.updates[:-RECORDS_KEPT]
+
+    def _push(self, target: ModelTarget, info: AuroraUpdateInfo) -> None:
+        """Write pre-staged changed elements (validated before the first write). The caller staged them
+        against this engine's exact weights and checked the resulting digest; ``version``, when given, is
+        recorded so that later pull updates know where the engine is."""
+        if info.base_version is not None and info.base_version != target.version:
+            raise BaseVersionMismatchError(f"update expects the engine at version {info.base_version}, "
+                                           f"it is at {target.version}")
+        t0 = time.perf_counter()
+        changed = scatter_in_place(target.layout, target._shards, target._params(),
+                                   [(name, unpack_indices(kind, data), unpack_bits(bits))
+                                    for name, kind, data, bits in info.scatter or []])
+        target.version = info.version
+        if info.weights_digest is not None:
+            target.digest = WeightsDigest.parse(info.weights_digest)
+        self._record(UpdateRecord(info.version if info.version is not None else -1, "push", (), changed, "",
+                                  0.0, time.perf_counter() - t0))
+
+    def _update_from(self, store: DeltaStore, target: ModelTarget, info: AuroraUpdateInfo) -> UpdateRecord:
+        goal = info.version if info.version is not None else store.latest_version()
+        if goal is None:
+            raise VersionNotFoundError(f"{store.url} holds no versions")
+        if info.weights_digest is not None:
+            manifest = store.manifest(goal) if goal in store.versions() else read_snapshot_manifest(store, goal)
+            if manifest.weights_digest != info.weights_digest:
+                raise DigestMismatchError(f"version {goal} has digest {manifest.weights_digest}, the update "
+                                          f"asked for {info.weights_digest}")
+        snapshots = {s: read_snapshot_manifest(store, s).total_bytes for s in store.snapshot_versions() if s <= goal}
+        deltas = {v: store.delta_bytes(v) for v in store.versions() if v <= goal}
+        plan = plan_catch_up(target.version, goal, deltas, snapshots)
+        stage_s = activate_s = 0.0
+        changed = 0
+        steps: list[tuple[str, int]] = ([("snapshot", plan.snapshot)] if plan.snapshot is not None else [])
+        steps += [("delta", v) for v in plan.deltas]
+        for kind, version in steps:
+            t0 = time.perf_counter()
+            staged: Staged
+            if kind == "snapshot":
+                staged = stage_snapshot(store, version, target, verify_manifest=self.verify)
+            else:
+                staged = stage_version(store, version, target, verify_manifest=self.verify)
+            t1 = time.perf_counter()
+            try:
+                activate(staged, target)
+                changed += target.flush()
+            except AuroraError:
+                target.version = None  # the writes' outcome is unknown: no delta applies to unknown weights
+                raise
+            stage_s += t1 - t0
+            activate_s += time.perf_counter() - t1
+        if info.check_full_digest and target.full_digest() != target.digest:
+            target.version = None
+            raise DigestMismatchError(f"the engine's weights do not hash to version {goal}'s digest {target.digest}")
+        return UpdateRecord(goal, plan.kind, tuple(v for _, v in steps), changed, store.url, stage_s, activate_s)
