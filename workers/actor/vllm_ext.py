@@ -29,7 +29,9 @@ with ``T`` ranks:
   ``= (r mod (V_p / T)) * C + c``; padding rows are never addressed.
 * everything else (norms): replicated on every rank; written on all, read and hashed on rank 0.
 
-Only TP = 1 is enabled (and tested); :func:`shard_for` implements the formulas above for later use.
+Every TP rank scatters its own slice in place; the base-version and digest check happens once for the
+whole engine, in the client (:class:`~workers.actor.engine_vllm.VllmWeightTarget`), against the sum of the
+ranks' digest shares. The formulas are tested against vLLM's own weight loaders (``tests/vllm/test_shards.py``).
 
 CPU backend. vLLM's CPU build repacks linear weights into oneDNN's blocked layout after loading and frees
 the originals (the tied ``lm_head`` GEMM gets a packed *copy* of the embedding), so writes to the
@@ -296,8 +298,6 @@ class AuroraWorkerExtension:
                 shards[tensor.name] = shard_for(tensor, tuple(param.shape), rank, size)
             except LayoutError as exc:
                 problems.append(str(exc))
-        if size != 1:
-            problems.append(f"tensor parallelism {size} is not enabled yet (only TP=1 is tested)")
         if not problems:
             self._aurora_state = (layout, shards)
         return problems
@@ -354,7 +354,8 @@ class AuroraWorkerExtension:
             shard = shards[tensor.name]
             if not shard.owner:
                 continue
-            flat = self._aurora_flat(params, tensor.name, shard).cpu()
+            # Hashed where the parameter lives (torch ops on the GPU): no host copy of the weights.
+            flat = self._aurora_flat(params, tensor.name, shard)
             if shard.full:
                 total = total + hash_range(tensor.name, 0, flat[: tensor.numel])
             else:
@@ -365,6 +366,8 @@ class AuroraWorkerExtension:
     def aurora_read(self, names: list[str]) -> list[bytes]:
         """Full flat bits of the named tensors (TP=1; for checks and tests — O(tensor size))."""
         layout, shards = self._aurora_bound()
+        if any(not shards[n].full for n in names):
+            raise LayoutError("aurora_read needs TP=1; read sharded tensors with aurora_gather")
         params = self._aurora_params()
         return [self._aurora_flat(params, n, shards[n])[: layout[n].numel].cpu().numpy().tobytes() for n in names]
 
