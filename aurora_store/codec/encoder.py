@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
+import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -95,14 +99,17 @@ class DeltaEncoder:
     elements only. Both extractions give byte-identical segments."""
 
     def __init__(self, layout: ModelLayout, params: CodecParams | None = None, *,
-                 extraction: str = "auto") -> None:
+                 extraction: str = "auto", encode_threads: int | None = None) -> None:
         if extraction not in EXTRACTIONS:
             raise ValueError(f"extraction must be one of {EXTRACTIONS}, not {extraction!r}")
+        if encode_threads is not None and encode_threads < 1:
+            raise ValueError(f"encode_threads must be ≥ 1, not {encode_threads}")
         self.layout = layout
         self.extraction = extraction
+        self.encode_threads = encode_threads
         self.params = params or CodecParams()
         self.summary = EncodeSummary()
-        self._zstd = zstandard.ZstdCompressor(level=self.params.zstd_level, write_content_size=True)
+        self._local = threading.local()
 
     def segments(self, pieces: Iterable[Piece]) -> Iterator[Segment]:
         pending: list[EncodedChunk] = []
@@ -110,16 +117,15 @@ class DeltaEncoder:
         started = time.perf_counter()
         paused = 0.0  # time spent suspended in yield (the consumer's, not ours)
         changes, extraction = self._extract(pieces)
-        for change in changes:
-            for chunk in self._encode_changes(change):
-                pending.append(chunk)
-                pending_bytes += chunk.nbytes
-                if pending_bytes >= self.params.segment_bytes:
-                    segment = self._seal(pending)
-                    pending, pending_bytes = [], 0
-                    t0 = time.perf_counter()
-                    yield segment
-                    paused += time.perf_counter() - t0
+        for chunk in self._chunks(changes, self._threads(extraction)):
+            pending.append(chunk)
+            pending_bytes += chunk.nbytes
+            if pending_bytes >= self.params.segment_bytes:
+                segment = self._seal(pending)
+                pending, pending_bytes = [], 0
+                t0 = time.perf_counter()
+                yield segment
+                paused += time.perf_counter() - t0
         if extraction is not None:
             self.summary.digest_delta = self.summary.digest_delta + extraction.digest_delta()
         if pending:
@@ -159,6 +165,38 @@ class DeltaEncoder:
             return iter(extraction), extraction
         return (self._host_changes(p) for p in rest), None
 
+    def _threads(self, extraction: DeviceExtraction | None) -> int:
+        """Chunk-encoding threads: numpy's passes and zstd release the GIL, so host encoding of several
+        chunks runs in parallel. Device extraction finds changes in milliseconds and leaves host encoding as
+        the bottleneck, so it defaults to several threads; the host path defaults to one (as before)."""
+        if self.encode_threads is not None:
+            return self.encode_threads
+        return min(8, os.cpu_count() or 1) if extraction is not None else 1
+
+    def _chunks(self, changes: Iterable[Changes], threads: int) -> Iterator[EncodedChunk]:
+        """Encoded chunks in order. With several threads, chunks are encoded ahead (at most ``2 × threads``
+        in flight, bounding memory) and yielded in submission order, so the output is byte-identical."""
+        if threads == 1:
+            for change in changes:
+                for task in self._chunk_tasks(change):
+                    yield self._account(self._encode_chunk(*task))
+            return
+        window: deque[Future[EncodedChunk]] = deque()
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="aurora-encode") as pool:
+            for change in changes:
+                for task in self._chunk_tasks(change):
+                    window.append(pool.submit(self._encode_chunk, *task))
+                    while len(window) > 2 * threads:
+                        yield self._account(window.popleft().result())
+            while window:
+                yield self._account(window.popleft().result())
+
+    def _account(self, chunk: EncodedChunk) -> EncodedChunk:
+        """Summary sizes are added here, in the consumer's thread, never by encoding threads."""
+        self.summary.index_bytes += len(chunk.index_bytes)
+        self.summary.value_bytes += len(chunk.value_bytes)
+        return chunk
+
     def _checked(self, piece: Piece) -> Piece:
         self._check_piece(piece)
         self.summary.elements += piece.old.numel()
@@ -169,7 +207,8 @@ class DeltaEncoder:
         self.summary.digest_delta = self.summary.digest_delta + delta
         return changes
 
-    def _encode_changes(self, changes: Changes) -> Iterator[EncodedChunk]:
+    def _chunk_tasks(self, changes: Changes) -> Iterator[tuple]:
+        """The ``_encode_chunk`` arguments of each chunk of ``changes`` (≤ ``max_changed_per_chunk`` each)."""
         idx_np, old_np, new_np = changes.indices, changes.old, changes.new
         if idx_np.size == 0:
             return
@@ -181,8 +220,7 @@ class DeltaEncoder:
             stop = min(start + step, idx_np.size)
             lo = 0 if start == 0 else int(idx_np[start])
             hi = n if stop == idx_np.size else int(idx_np[stop])
-            yield self._encode_chunk(name, changes.offset, lo, hi, idx_np[start:stop],
-                                     old_np[start:stop], new_np[start:stop])
+            yield (name, changes.offset, lo, hi, idx_np[start:stop], old_np[start:stop], new_np[start:stop])
 
     def _encode_chunk(self, name: str, offset: int, lo: int, hi: int, idx: np.ndarray,
                       old: np.ndarray, new: np.ndarray) -> EncodedChunk:
@@ -194,8 +232,6 @@ class DeltaEncoder:
         value_raw = encode_values(old, new, transform)
         index_entropy, index_bytes = self._compress(index_raw)
         value_entropy, value_bytes = self._compress(value_raw)
-        self.summary.index_bytes += len(index_bytes)
-        self.summary.value_bytes += len(value_bytes)
         header = ChunkHeader(name, offset + lo, offset + hi, int(idx.size), index_entropy, transform,
                              value_entropy, len(index_raw), len(index_bytes), len(value_raw),
                              len(value_bytes))
@@ -203,7 +239,12 @@ class DeltaEncoder:
 
     def _compress(self, raw: bytes) -> tuple[Entropy, bytes]:
         if self.params.use_zstd and len(raw) > 64:
-            packed = self._zstd.compress(raw)
+            # One compressor per thread: a ZstdCompressor must not be used by two threads at once.
+            compressor = getattr(self._local, "zstd", None)
+            if compressor is None:
+                compressor = self._local.zstd = zstandard.ZstdCompressor(level=self.params.zstd_level,
+                                                                         write_content_size=True)
+            packed = compressor.compress(raw)
             if len(packed) < len(raw):
                 return Entropy.ZSTD, packed
         return Entropy.NONE, raw

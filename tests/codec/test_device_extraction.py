@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from aurora_store.codec import CodecParams, DeltaEncoder, ModelLayout, apply_delta, digest_state
+from aurora_store.codec import CodecParams, DeltaEncoder, ModelLayout, apply_delta, digest_state, pieces_from_states
 from aurora_store.codec.digest import WeightsDigest, hash_elements, hash_range, lanes_on_device, range_lanes_on_device
 from aurora_store.codec.encoder import Piece
 from aurora_store.codec.extract import DeviceExtraction
@@ -79,6 +79,21 @@ def test_row_shards_of_two_ranks_encode_identically():
             data = [s.data for s in encoder.segments(row_pieces(layout, rows(old), rows(new)))]
             outs.append((data, encoder.summary.digest_delta, encoder.summary.changed, encoder.summary.elements))
         assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_parallel_chunk_encoding_is_byte_identical(threads):
+    layout = ModelLayout.from_config(UNTIED)
+    old = random_state(layout, seed=13)
+    new = perturb(old, fraction=0.2, seed=14)
+    params = CodecParams(segment_bytes=4096)  # many small chunks: threads finish out of order
+    reference = DeltaEncoder(layout, params, extraction="host")
+    expected = [s.data for s in reference.segments(pieces_from_states(layout, old, new))]
+    encoder = DeltaEncoder(layout, params, extraction="device", encode_threads=threads)
+    assert [s.data for s in encoder.segments(pieces_from_states(layout, old, new))] == expected
+    assert len(expected) > 5
+    for key in ("changed", "digest_delta", "index_bytes", "value_bytes", "segment_bytes", "segments", "elements"):
+        assert getattr(encoder.summary, key) == getattr(reference.summary, key), key
 
 
 def test_unchanged_weights_give_no_segments_and_a_zero_digest_delta():
