@@ -234,6 +234,7 @@ class VllmEngine:
             raise ConfigError(f"tensor_parallel_size must be ≥ 1, not {tensor_parallel_size}")
         if tensor_parallel_size > 1:
             engine_args["tensor_parallel_size"] = tensor_parallel_size
+            _bind_cpu_workers(tensor_parallel_size)
         self.llm = LLM(model=str(model_dir), dtype="bfloat16", enforce_eager=enforce_eager,
                        max_model_len=self.max_model_len, seed=seed, worker_extension_cls=EXTENSION,
                        logprobs_mode="processed_logprobs", **engine_args)
@@ -300,6 +301,22 @@ class VllmEngine:
         """Drop KV blocks cached from earlier prompts: after any weight change they are stale."""
         if not self.llm.reset_prefix_cache():
             raise EngineError("vLLM could not reset its prefix cache after a weight update")
+
+
+def _bind_cpu_workers(ranks: int) -> None:
+    """vLLM's CPU backend binds each TP worker's threads to a NUMA node and refuses more workers than nodes
+    ("Not enough allowed NUMA nodes"); on a one-node machine split the allowed cores between the workers
+    instead (``VLLM_CPU_OMP_THREADS_BIND``, unless the caller set it). Nothing changes on GPU platforms."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < ranks:
+        raise ConfigError(f"tensor_parallel_size {ranks} on the CPU backend needs at least {ranks} cores")
+    per = len(cores) // ranks
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
+        ",".join(str(c) for c in cores[r * per:(r + 1) * per]) for r in range(ranks))
 
 
 def _completion(output: Any) -> Completion:
