@@ -8,7 +8,7 @@ VLLM_STAMP := $(VENV)/.aurora-vllm-installed
 # torch comes from the local CPU wheel on our machines (pip finds it); any matching release works elsewhere.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv vllm system-deps demo test test-fast test-vllm lint bench chaos clean
+.PHONY: venv vllm system-deps demo test test-fast test-vllm lint bench chaos clean device-check
 
 venv: $(STAMP)
 
@@ -61,3 +61,8 @@ chaos: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+
+# GPU check (one JSON object; on a machine without CUDA a CPU smoke run). Installs nothing: see the
+# script's header for carrying missing wheels in .whl/.
+device-check:
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) scripts/device-check

@@ -83,7 +83,10 @@ def _fmix_sum(keys: np.ndarray, seed: np.uint64, scratch: np.ndarray) -> int:
 
 def hash_elements(tensor_name: str, indices: torch.Tensor | np.ndarray,
                   bits: torch.Tensor | np.ndarray) -> WeightsDigest:
-    """Σ h(tensor_name, index, bits) over the given elements (flat indices in the inference layout)."""
+    """Σ h(tensor_name, index, bits) over the given elements (flat indices in the inference layout).
+    Tensors that live on an accelerator are hashed there (:func:`lanes_on_device`); only the sum returns."""
+    if _off_host(indices) or _off_host(bits):
+        return _to_digest(lanes_on_device(tensor_name, torch.as_tensor(indices), torch.as_tensor(bits)))
     idx = indices.numpy() if isinstance(indices, torch.Tensor) else np.asarray(indices)
     val = bits.numpy() if isinstance(bits, torch.Tensor) else np.asarray(bits)
     if idx.shape != val.shape:
@@ -93,6 +96,9 @@ def hash_elements(tensor_name: str, indices: torch.Tensor | np.ndarray,
 
 def hash_range(tensor_name: str, offset: int, flat_bits: torch.Tensor | np.ndarray) -> WeightsDigest:
     """Σ h over a contiguous run of elements starting at flat index ``offset``."""
+    if _off_host(flat_bits):
+        assert isinstance(flat_bits, torch.Tensor)
+        return _to_digest(range_lanes_on_device(tensor_name, offset, flat_bits))
     val = flat_bits.numpy() if isinstance(flat_bits, torch.Tensor) else np.asarray(flat_bits)
     return _hash_sum(tensor_name, val, lambda start, stop: np.arange(offset + start, offset + stop, dtype=np.uint64))
 
@@ -107,6 +113,79 @@ def _hash_sum(tensor_name: str, bits: np.ndarray, indices_of) -> WeightsDigest:
         for lane, seed in enumerate(seeds):
             sums[lane] = (sums[lane] + _fmix_sum(keys, seed, scratch)) & _MASK
     return WeightsDigest(tuple(sums))  # type: ignore[arg-type]
+
+
+# --- the same sums with torch ops, on whatever device the tensors live on ---------------------------
+#
+# torch has no full uint64 arithmetic on every device, so lanes are int64: two's-complement addition,
+# multiplication and xor are the same bit operations as their uint64 counterparts mod 2**64 (torch wraps on
+# overflow on CPU and CUDA), and a logical right shift is an arithmetic one with the sign-extended bits
+# masked off. The result is bit-identical to the numpy path (a test compares them).
+
+_TORCH_K1 = int(_K1) - (1 << 64)  # the same 64 bits as signed integers
+_TORCH_K2 = int(_K2) - (1 << 64)
+_LOW31 = (1 << 31) - 1  # what remains of a 64-bit word shifted right by 33
+_DEVICE_BLOCK = 1 << 24  # elements hashed at once: bounds temporaries (~0.5 GiB of int64 at most)
+
+
+def _off_host(value: object) -> bool:
+    return isinstance(value, torch.Tensor) and value.device.type != "cpu"
+
+
+def _signed(seed: np.uint64) -> int:
+    value = int(seed)
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _fmix_lanes(keys: torch.Tensor, seeds: tuple[int, ...]) -> torch.Tensor:
+    """``[Σ fmix64(keys ^ seed) mod 2**64 for seed in seeds]`` as an int64 tensor on the keys' device."""
+    sums = []
+    for seed in seeds:
+        y = keys ^ seed
+        y ^= (y >> 33) & _LOW31
+        y *= _TORCH_K1
+        y ^= (y >> 33) & _LOW31
+        y *= _TORCH_K2
+        y ^= (y >> 33) & _LOW31
+        sums.append(y.sum(dtype=torch.int64))
+    return torch.stack(sums)
+
+
+def lanes_on_device(tensor_name: str, indices: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
+    """:func:`hash_elements` as a ``[LANES]`` int64 tensor on ``bits``' device, computed with torch ops
+    there (no host copy of the elements; summing lanes of several calls is adding digests)."""
+    if indices.shape != bits.shape:
+        raise ValueError("indices and bits must have the same shape")
+    seeds = tuple(_signed(s) for s in _seeds(tensor_name))
+    total = torch.zeros(LANES, dtype=torch.int64, device=bits.device)
+    idx, val = indices.reshape(-1), bits.reshape(-1)
+    for start in range(0, val.numel(), _DEVICE_BLOCK):
+        i = idx[start: start + _DEVICE_BLOCK].to(device=bits.device, dtype=torch.int64)
+        b = val[start: start + _DEVICE_BLOCK].view(torch.int16).to(torch.int64) & 0xFFFF
+        total += _fmix_lanes((i << 16) | b, seeds)
+    return total
+
+
+def range_lanes_on_device(tensor_name: str, offset: int, flat_bits: torch.Tensor) -> torch.Tensor:
+    """:func:`hash_range` as a ``[LANES]`` int64 tensor on ``flat_bits``' device."""
+    seeds = tuple(_signed(s) for s in _seeds(tensor_name))
+    total = torch.zeros(LANES, dtype=torch.int64, device=flat_bits.device)
+    val = flat_bits.reshape(-1)
+    for start in range(0, val.numel(), _DEVICE_BLOCK):
+        b = val[start: start + _DEVICE_BLOCK].view(torch.int16).to(torch.int64) & 0xFFFF
+        i = torch.arange(offset + start, offset + start + b.numel(), dtype=torch.int64, device=b.device)
+        total += _fmix_lanes((i << 16) | b, seeds)
+    return total
+
+
+def digest_of_lanes(lanes: torch.Tensor) -> WeightsDigest:
+    """The digest a ``[LANES]`` int64 tensor holds (one 16-byte copy to the host)."""
+    return _to_digest(lanes)
+
+
+def _to_digest(lanes: torch.Tensor) -> WeightsDigest:
+    values = lanes.cpu().tolist()
+    return WeightsDigest(tuple(v & _MASK for v in values))
 
 
 def digest_pieces(pieces: Iterable[tuple[str, int, torch.Tensor]]) -> WeightsDigest:

@@ -8,8 +8,13 @@ the caller can upload while encoding continues (cut-through).
 from __future__ import annotations
 
 import hashlib
+import itertools
+import os
+import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,7 +22,8 @@ import torch
 import zstandard
 
 from aurora_store.codec import leb128
-from aurora_store.codec.digest import ZERO, WeightsDigest, hash_elements
+from aurora_store.codec.digest import ZERO, WeightsDigest
+from aurora_store.codec.extract import Changes, DeviceExtraction, changes_on_host
 from aurora_store.codec.layout import InferenceTensor, ModelLayout, bits_view
 from aurora_store.codec.manifest import ChunkRef, SegmentRef
 from aurora_store.codec.params import CodecParams
@@ -80,32 +86,48 @@ def pieces_from_fused(layout: ModelLayout, old: Mapping[str, torch.Tensor],
         yield Piece(tensor, 0, o, n)
 
 
-class DeltaEncoder:
-    """Encodes pieces into segments; iterate :meth:`segments`, then read :attr:`summary`."""
+#: ``auto``: where the pieces live — on the host for CPU tensors (the reference path), with torch ops on
+#: the device otherwise; ``host`` / ``device`` force one (``device`` on CPU tensors runs the GPU code there).
+EXTRACTIONS = ("auto", "host", "device")
 
-    def __init__(self, layout: ModelLayout, params: CodecParams | None = None) -> None:
+
+class DeltaEncoder:
+    """Encodes pieces into segments; iterate :meth:`segments`, then read :attr:`summary`.
+
+    Extraction (bit compare, changed-index and bits gather, digest update) runs where the pieces live
+    (:mod:`.extract`); gaps, LEB128, the value transform and zstd run on the host over the changed
+    elements only. Both extractions give byte-identical segments."""
+
+    def __init__(self, layout: ModelLayout, params: CodecParams | None = None, *,
+                 extraction: str = "auto", encode_threads: int | None = None) -> None:
+        if extraction not in EXTRACTIONS:
+            raise ValueError(f"extraction must be one of {EXTRACTIONS}, not {extraction!r}")
+        if encode_threads is not None and encode_threads < 1:
+            raise ValueError(f"encode_threads must be ≥ 1, not {encode_threads}")
         self.layout = layout
+        self.extraction = extraction
+        self.encode_threads = encode_threads
         self.params = params or CodecParams()
         self.summary = EncodeSummary()
-        self._zstd = zstandard.ZstdCompressor(level=self.params.zstd_level, write_content_size=True)
+        self._local = threading.local()
 
     def segments(self, pieces: Iterable[Piece]) -> Iterator[Segment]:
         pending: list[EncodedChunk] = []
         pending_bytes = 0
         started = time.perf_counter()
         paused = 0.0  # time spent suspended in yield (the consumer's, not ours)
-        for piece in pieces:
-            self._check_piece(piece)
-            self.summary.elements += piece.old.numel()
-            for chunk in self._encode_piece(piece):
-                pending.append(chunk)
-                pending_bytes += chunk.nbytes
-                if pending_bytes >= self.params.segment_bytes:
-                    segment = self._seal(pending)
-                    pending, pending_bytes = [], 0
-                    t0 = time.perf_counter()
-                    yield segment
-                    paused += time.perf_counter() - t0
+        changes, extraction = self._extract(pieces)
+        for chunk in self._chunks(changes, self._threads(extraction)):
+            pending.append(chunk)
+            pending_bytes += chunk.nbytes
+            if pending_bytes >= self.params.segment_bytes:
+                segment = self._seal(pending)
+                pending, pending_bytes = [], 0
+                t0 = time.perf_counter()
+                yield segment
+                paused += time.perf_counter() - t0
+        if extraction is not None:
+            self.summary.digest_delta = self.summary.digest_delta + extraction.digest_delta()
         if pending:
             segment = self._seal(pending)
             t0 = time.perf_counter()
@@ -122,31 +144,83 @@ class DeltaEncoder:
         if piece.old.dtype != torch.int16 or piece.new.dtype != torch.int16:
             raise LayoutError(f"{tensor.name}: pieces must be int16 bit views")
         n = piece.old.numel()
+        if piece.new.device.type == "meta":
+            raise LayoutError(f"{tensor.name}: meta tensors hold no bits to extract a delta from")
+        if piece.old.device != piece.new.device:
+            raise LayoutError(f"{tensor.name}: old bits on {piece.old.device}, new bits on {piece.new.device}")
         if piece.new.numel() != n or piece.offset < 0 or piece.offset + n > tensor.numel:
             raise LayoutError(f"{tensor.name}: piece [{piece.offset}, {piece.offset + n}) outside the tensor "
                               f"or old/new sizes differ")
 
-    def _encode_piece(self, piece: Piece) -> Iterator[EncodedChunk]:
-        old, new = piece.old, piece.new
-        local = torch.where(old != new)[0]
-        if local.numel() == 0:
+    def _extract(self, pieces: Iterable[Piece]) -> tuple[Iterator[Changes], DeviceExtraction | None]:
+        """The pieces' changed elements on the host, found where the pieces live (see :mod:`.extract`)."""
+        checked = (self._checked(piece) for piece in pieces)
+        first = next(checked, None)
+        if first is None:
+            return iter(()), None
+        rest = itertools.chain([first], checked)
+        on_device = first.new.device.type != "cpu"
+        if self.extraction == "device" or (self.extraction == "auto" and on_device):
+            extraction = DeviceExtraction((p.tensor, p.offset, p.old, p.new) for p in rest)
+            return iter(extraction), extraction
+        return (self._host_changes(p) for p in rest), None
+
+    def _threads(self, extraction: DeviceExtraction | None) -> int:
+        """Chunk-encoding threads: numpy's passes and zstd release the GIL, so host encoding of several
+        chunks runs in parallel. Device extraction finds changes in milliseconds and leaves host encoding as
+        the bottleneck, so it defaults to several threads; the host path defaults to one (as before)."""
+        if self.encode_threads is not None:
+            return self.encode_threads
+        return min(8, os.cpu_count() or 1) if extraction is not None else 1
+
+    def _chunks(self, changes: Iterable[Changes], threads: int) -> Iterator[EncodedChunk]:
+        """Encoded chunks in order. With several threads, chunks are encoded ahead (at most ``2 × threads``
+        in flight, bounding memory) and yielded in submission order, so the output is byte-identical."""
+        if threads == 1:
+            for change in changes:
+                for task in self._chunk_tasks(change):
+                    yield self._account(self._encode_chunk(*task))
             return
-        name = piece.tensor.name
-        old_vals, new_vals = old[local], new[local]
-        global_idx = local + piece.offset
-        self.summary.changed[name] = self.summary.changed.get(name, 0) + local.numel()
-        self.summary.digest_delta = (self.summary.digest_delta + hash_elements(name, global_idx, new_vals)
-                                     - hash_elements(name, global_idx, old_vals))
-        idx_np = local.numpy()
-        old_np, new_np = old_vals.numpy(), new_vals.numpy()
+        window: deque[Future[EncodedChunk]] = deque()
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="aurora-encode") as pool:
+            for change in changes:
+                for task in self._chunk_tasks(change):
+                    window.append(pool.submit(self._encode_chunk, *task))
+                    while len(window) > 2 * threads:
+                        yield self._account(window.popleft().result())
+            while window:
+                yield self._account(window.popleft().result())
+
+    def _account(self, chunk: EncodedChunk) -> EncodedChunk:
+        """Summary sizes are added here, in the consumer's thread, never by encoding threads."""
+        self.summary.index_bytes += len(chunk.index_bytes)
+        self.summary.value_bytes += len(chunk.value_bytes)
+        return chunk
+
+    def _checked(self, piece: Piece) -> Piece:
+        self._check_piece(piece)
+        self.summary.elements += piece.old.numel()
+        return piece
+
+    def _host_changes(self, piece: Piece) -> Changes:
+        changes, delta = changes_on_host(piece.tensor, piece.offset, piece.old, piece.new)
+        self.summary.digest_delta = self.summary.digest_delta + delta
+        return changes
+
+    def _chunk_tasks(self, changes: Changes) -> Iterator[tuple]:
+        """The ``_encode_chunk`` arguments of each chunk of ``changes`` (≤ ``max_changed_per_chunk`` each)."""
+        idx_np, old_np, new_np = changes.indices, changes.old, changes.new
+        if idx_np.size == 0:
+            return
+        name = changes.tensor.name
+        self.summary.changed[name] = self.summary.changed.get(name, 0) + int(idx_np.size)
         step = self.params.max_changed_per_chunk
-        n = old.numel()
+        n = changes.numel
         for start in range(0, idx_np.size, step):
             stop = min(start + step, idx_np.size)
             lo = 0 if start == 0 else int(idx_np[start])
             hi = n if stop == idx_np.size else int(idx_np[stop])
-            yield self._encode_chunk(name, piece.offset, lo, hi, idx_np[start:stop],
-                                     old_np[start:stop], new_np[start:stop])
+            yield (name, changes.offset, lo, hi, idx_np[start:stop], old_np[start:stop], new_np[start:stop])
 
     def _encode_chunk(self, name: str, offset: int, lo: int, hi: int, idx: np.ndarray,
                       old: np.ndarray, new: np.ndarray) -> EncodedChunk:
@@ -158,8 +232,6 @@ class DeltaEncoder:
         value_raw = encode_values(old, new, transform)
         index_entropy, index_bytes = self._compress(index_raw)
         value_entropy, value_bytes = self._compress(value_raw)
-        self.summary.index_bytes += len(index_bytes)
-        self.summary.value_bytes += len(value_bytes)
         header = ChunkHeader(name, offset + lo, offset + hi, int(idx.size), index_entropy, transform,
                              value_entropy, len(index_raw), len(index_bytes), len(value_raw),
                              len(value_bytes))
@@ -167,7 +239,12 @@ class DeltaEncoder:
 
     def _compress(self, raw: bytes) -> tuple[Entropy, bytes]:
         if self.params.use_zstd and len(raw) > 64:
-            packed = self._zstd.compress(raw)
+            # One compressor per thread: a ZstdCompressor must not be used by two threads at once.
+            compressor = getattr(self._local, "zstd", None)
+            if compressor is None:
+                compressor = self._local.zstd = zstandard.ZstdCompressor(level=self.params.zstd_level,
+                                                                         write_content_size=True)
+            packed = compressor.compress(raw)
             if len(packed) < len(raw):
                 return Entropy.ZSTD, packed
         return Entropy.NONE, raw

@@ -129,7 +129,7 @@ class TensorTarget:
         if len(spans) == 1:
             return [(spans[0], indices, slice(None))]
         # indices are sorted: cut them at the piece boundaries.
-        bounds = torch.tensor([p.lo for p in spans[1:]], dtype=indices.dtype)
+        bounds = torch.tensor([p.lo for p in spans[1:]], dtype=indices.dtype, device=indices.device)
         cuts = [0, *torch.searchsorted(indices, bounds).tolist(), indices.numel()]
         out = []
         for piece, a, b in zip(spans, cuts[:-1], cuts[1:]):
@@ -138,10 +138,11 @@ class TensorTarget:
         return out
 
     def gather(self, name: str, indices: torch.Tensor) -> torch.Tensor:
-        """Current bit patterns at sorted flat ``indices`` of inference tensor ``name``."""
+        """Current bit patterns at sorted flat ``indices`` of inference tensor ``name``, on the host (only the
+        requested elements leave the weights' device)."""
         out = torch.empty(indices.numel(), dtype=torch.int16)
         for piece, local, where in self._split(name, indices):
-            out[where] = piece.bits[local]
+            out[where] = piece.bits[local.to(piece.bits.device)].cpu()
         return out
 
     def gather_many(self, requests: Sequence[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
@@ -149,9 +150,11 @@ class TensorTarget:
         return [self.gather(name, indices) for name, indices in requests]
 
     def scatter(self, name: str, indices: torch.Tensor, bits: torch.Tensor) -> None:
-        """Write ``bits`` at sorted flat ``indices`` in place."""
+        """Write ``bits`` at sorted flat ``indices`` in place, on the weights' device: only the indices and
+        bits travel there, never a copy of the weights."""
         for piece, local, where in self._split(name, indices):
-            piece.bits.index_copy_(0, local, bits[where])
+            device = piece.bits.device
+            piece.bits.index_copy_(0, local.to(device), bits[where].to(device))
 
     def element(self, name: str, index: int) -> int:
         spans = self._pieces[name]
@@ -163,8 +166,8 @@ class TensorTarget:
         return digest_pieces((name, p.lo, p.bits) for name, spans in self._pieces.items() for p in spans)
 
     def fused_bits(self, name: str) -> torch.Tensor:
-        """A copy of inference tensor ``name``'s bits, flat (for checks and tests)."""
-        return torch.cat([p.bits for p in self._pieces[name]])
+        """A copy of inference tensor ``name``'s bits, flat, on the host (for checks and tests)."""
+        return torch.cat([p.bits.cpu() for p in self._pieces[name]])
 
 
 def _writable_bits(tensor: torch.Tensor, name: str) -> torch.Tensor:

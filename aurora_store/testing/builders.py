@@ -68,9 +68,10 @@ def publish(store: DeltaStore, layout: ModelLayout, old: Mapping[str, torch.Tens
 
 
 def encode(layout: ModelLayout, old, new, version: int, base: int, base_digest,
-           params: CodecParams | None = None) -> tuple[DeltaManifest, list[Segment]]:
-    """A delta's manifest and segments in memory, with no store involved (for codec-level tests)."""
-    encoder = DeltaEncoder(layout, params or CodecParams(segment_bytes=4096))
+           params: CodecParams | None = None, *, extraction: str = "auto") -> tuple[DeltaManifest, list[Segment]]:
+    """A delta's manifest and segments in memory, with no store involved (for codec-level tests);
+    ``extraction`` picks where changed elements are found (see :class:`DeltaEncoder`)."""
+    encoder = DeltaEncoder(layout, params or CodecParams(segment_bytes=4096), extraction=extraction)
     segments = list(encoder.segments(pieces_from_states(layout, old, new)))
     summary = encoder.summary
     manifest = DeltaManifest(

@@ -139,7 +139,8 @@ class Actor:
         _, manifest = load_snapshot(store, plan.snapshot, self.layout, download_dir=model_dir,
                                     verify_manifest=self.verify)
         self.downloaded_bytes += manifest.total_bytes
-        self.engine = load_engine(self.config.engine, model_dir, self.layout, seed=self.config.seed)
+        self.engine = load_engine(self.config.engine, model_dir, self.layout, seed=self.config.seed,
+                                  options=self.config.engine_options)
         target = self.engine.target
         target.version = plan.snapshot
         target.digest = WeightsDigest.parse(manifest.weights_digest)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aurora_store.config import default_run_name
+from workers.actor.engine import EngineOptions
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class ActorConfig:
     verify_full_digest: bool  # re-hash all weights after every activation (tests)
     sim_tokens_per_s: float | None  # emulate a slower accelerator: generation takes ≥ tokens / rate seconds
     full_sync: bool = False  # baseline: stage every version from its full snapshot instead of its delta
+    engine_options: EngineOptions = field(default_factory=EngineOptions)  # --device, vLLM flags
 
 
 def default_engine() -> str:
@@ -72,6 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
                              "(needs the trainer to run with --snapshot-every 1)")
     parser.add_argument("--verify-full-digest", action="store_true",
                         help="after every activation, re-hash all weights from scratch and compare (slow)")
+    parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                        help="torch engine: where the model generates and deltas are scattered in place (auto: CUDA "
+                             "when available); vLLM chooses its own platform")
+    parser.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
+                        help="vLLM: no CUDA graphs (default: on for the CPU backend only)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None,
+                        help="vLLM: fraction of GPU memory for weights and KV cache (default: vLLM's)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="vLLM: tensor-parallel ranks; each scatters its own slice of every delta")
     return parser
 
 
@@ -84,4 +95,6 @@ def parse_args(argv: list[str] | None = None) -> ActorConfig:
         trainer_public_key=args.trainer_public_key, batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens, slowdown=args.slowdown, seed=args.seed,
         verify_full_digest=args.verify_full_digest, sim_tokens_per_s=args.sim_tokens_per_s,
-        full_sync=args.full_sync)
+        full_sync=args.full_sync,
+        engine_options=EngineOptions(args.device, args.enforce_eager, args.gpu_memory_utilization,
+                                     args.tensor_parallel_size))

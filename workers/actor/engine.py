@@ -40,13 +40,42 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
-def load_engine(kind: str, model_dir: Path, layout: ModelLayout, *, seed: int = 0) -> Engine:
+@dataclass(frozen=True)
+class EngineOptions:
+    """Placement and vLLM engine settings from the actor's command line (``None`` = the engine's default)."""
+
+    device: str = "auto"  # torch engine: "auto" (CUDA when available), "cuda" or "cpu"
+    enforce_eager: bool | None = None  # vLLM: default True on the CPU backend only (CUDA graphs elsewhere)
+    gpu_memory_utilization: float | None = None  # vLLM: fraction of GPU memory for weights + KV cache
+    tensor_parallel_size: int = 1  # vLLM: TP ranks; every rank scatters its own slice of each delta
+
+
+def torch_device(choice: str) -> str:
+    """``auto`` → ``cuda`` when torch sees a GPU, else ``cpu``; explicit choices are checked."""
+    import torch
+
+    from aurora_store.errors import ConfigError
+
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda but torch sees no CUDA device")
+    if choice not in ("cuda", "cpu"):
+        raise ConfigError(f"unknown device {choice!r}")
+    return choice
+
+
+def load_engine(kind: str, model_dir: Path, layout: ModelLayout, *, seed: int = 0,
+                options: EngineOptions | None = None) -> Engine:
+    options = options or EngineOptions()
     if kind == "torch":
         from workers.actor.engine_torch import TorchEngine
 
-        return TorchEngine(model_dir, layout, seed=seed)
+        return TorchEngine(model_dir, layout, seed=seed, device=torch_device(options.device))
     if kind == "vllm":
         from workers.actor.engine_vllm import VllmEngine
 
-        return VllmEngine(model_dir, layout, seed=seed)
+        return VllmEngine(model_dir, layout, seed=seed, enforce_eager=options.enforce_eager,
+                          gpu_memory_utilization=options.gpu_memory_utilization,
+                          tensor_parallel_size=options.tensor_parallel_size)
     raise ValueError(f"unknown engine {kind!r}")

@@ -19,8 +19,11 @@ from workers.rl.model import load_model, load_tokenizer
 class TorchEngine:
     name = "torch"
 
-    def __init__(self, model_dir: Path, layout: ModelLayout, *, seed: int = 0, version: int | None = None) -> None:
-        self.model = load_model(model_dir, dtype=torch.bfloat16).eval()
+    def __init__(self, model_dir: Path, layout: ModelLayout, *, seed: int = 0, version: int | None = None,
+                 device: str | torch.device = "cpu") -> None:
+        # The weights live on ``device`` (e.g. cuda:0); deltas are scattered there in place.
+        self.device = torch.device(device)
+        self.model = load_model(model_dir, dtype=torch.bfloat16).to(self.device).eval()
         for param in self.model.parameters():
             param.requires_grad_(False)
         self.tokenizer = load_tokenizer(model_dir)
@@ -31,7 +34,7 @@ class TorchEngine:
     def generate(self, prompts: list[str], group_size: int, max_new_tokens: int, temperature: float,
                  seed: int) -> list[list[Completion]]:
         expanded = [p for p in prompts for _ in range(group_size)]
-        enc = self.tokenizer(expanded, return_tensors="pt", padding=True, padding_side="left")
+        enc = self.tokenizer(expanded, return_tensors="pt", padding=True, padding_side="left").to(self.device)
         torch.manual_seed(seed)
         out = self.model.generate(
             **enc, do_sample=True, temperature=temperature, top_k=None, top_p=None, max_new_tokens=max_new_tokens,

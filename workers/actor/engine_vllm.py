@@ -120,6 +120,7 @@ class VllmWeightTarget:
         self._on_write = on_write
         self._pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []
         self.rpc_calls: Counter[str] = Counter()
+        self.tensor_parallel = 1  # ranks holding a slice of the weights (the engine sets it)
         self.version = version
         self.digest = digest if digest is not None else self.full_digest()
 
@@ -158,6 +159,8 @@ class VllmWeightTarget:
         return self.read([name])[name]
 
     def read(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        if self.tensor_parallel > 1:  # every rank holds a slice: assemble each tensor from all of them
+            return dict(zip(names, self.gather_many([(n, torch.arange(self.layout[n].numel)) for n in names])))
         with self._gate.hold(priority=True):
             self._flush_locked()
             replies = self._call(RPC_READ, list(names))
@@ -217,7 +220,9 @@ class VllmEngine:
     name = "vllm"
 
     def __init__(self, model_dir: Path, layout: ModelLayout, *, seed: int = 0, version: int | None = None,
-                 max_model_len: int | None = None, **engine_args: Any) -> None:
+                 max_model_len: int | None = None, enforce_eager: bool | None = None,
+                 gpu_memory_utilization: float | None = None, tensor_parallel_size: int = 1,
+                 **engine_args: Any) -> None:
         for key, value in ENV_DEFAULTS.items():
             os.environ.setdefault(key, value)
         try:
@@ -229,8 +234,20 @@ class VllmEngine:
         self.seed = seed
         self.max_model_len = max_model_len or min(int(config.get("max_position_embeddings", 4096)), 4096)
         self._gate = _Gate()
-        self.llm = LLM(model=str(model_dir), dtype="bfloat16", enforce_eager=True, max_model_len=self.max_model_len,
-                       seed=seed, worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs",
+        if enforce_eager is None:  # CUDA graphs pay off on GPUs; the CPU backend runs eagerly
+            from vllm.platforms import current_platform
+
+            enforce_eager = current_platform.is_cpu()
+        if gpu_memory_utilization is not None:
+            engine_args["gpu_memory_utilization"] = gpu_memory_utilization
+        if tensor_parallel_size < 1:
+            raise ConfigError(f"tensor_parallel_size must be ≥ 1, not {tensor_parallel_size}")
+        if tensor_parallel_size > 1:
+            engine_args["tensor_parallel_size"] = tensor_parallel_size
+            _bind_cpu_workers(tensor_parallel_size)
+        self.llm = LLM(model=str(model_dir), dtype="bfloat16", enforce_eager=enforce_eager,
+                       max_model_len=self.max_model_len, seed=seed, worker_extension_cls=EXTENSION,
+                       logprobs_mode="processed_logprobs",
                        weight_transfer_config={"backend": BACKEND_NAME}, **engine_args)
         problems = self._rpc(RPC_ATTACH, (layout.to_json(),))
         flat = sorted({p for rank in problems for p in rank})
@@ -239,7 +256,9 @@ class VllmEngine:
             raise LayoutError(f"vLLM's parameters do not match the layout: {'; '.join(flat[:8])}")
         # Writes go through vLLM's weight-transfer API, served by the ``aurora`` backend in push mode.
         self._rpc("init_weight_transfer_engine", (), {"init_info": {"layout": layout.to_json(), "version": version}})
+        # The digest is hashed once for the whole engine: every rank hashes its own slice on its device.
         self.target = VllmWeightTarget(layout, self._rpc, self._gate, self.reset_prefix_cache, version=version)
+        self.target.tensor_parallel = tensor_parallel_size
 
     # --- engine protocol ---------------------------------------------------------------------------
 
@@ -295,6 +314,22 @@ class VllmEngine:
         """Drop KV blocks cached from earlier prompts: after any weight change they are stale."""
         if not self.llm.reset_prefix_cache():
             raise EngineError("vLLM could not reset its prefix cache after a weight update")
+
+
+def _bind_cpu_workers(ranks: int) -> None:
+    """vLLM's CPU backend binds each TP worker's threads to a NUMA node and refuses more workers than nodes
+    ("Not enough allowed NUMA nodes"); on a one-node machine split the allowed cores between the workers
+    instead (``VLLM_CPU_OMP_THREADS_BIND``, unless the caller set it). Nothing changes on GPU platforms."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < ranks:
+        raise ConfigError(f"tensor_parallel_size {ranks} on the CPU backend needs at least {ranks} cores")
+    per = len(cores) // ranks
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
+        ",".join(str(c) for c in cores[r * per:(r + 1) * per]) for r in range(ranks))
 
 
 def _completion(output: Any) -> Completion:

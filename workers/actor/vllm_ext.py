@@ -29,7 +29,9 @@ with ``T`` ranks:
   ``= (r mod (V_p / T)) * C + c``; padding rows are never addressed.
 * everything else (norms): replicated on every rank; written on all, read and hashed on rank 0.
 
-Only TP = 1 is enabled (and tested); :func:`shard_for` implements the formulas above for later use.
+Every TP rank scatters its own slice in place; the base-version and digest check happens once for the
+whole engine, in the client (:class:`~workers.actor.engine_vllm.VllmWeightTarget`), against the sum of the
+ranks' digest shares. The formulas are tested against vLLM's own weight loaders (``tests/vllm/test_shards.py``).
 
 CPU backend. vLLM's CPU build repacks linear weights into oneDNN's blocked layout after loading and frees
 the originals (the tied ``lm_head`` GEMM gets a packed *copy* of the embedding), so writes to the
@@ -305,8 +307,6 @@ def bind_layout(layout: ModelLayout, params: dict[str, torch.nn.Parameter], tp_r
             shards[tensor.name] = shard_for(tensor, tuple(param.shape), tp_rank, tp_size)
         except LayoutError as exc:
             problems.append(str(exc))
-    if tp_size != 1:
-        problems.append(f"tensor parallelism {tp_size} is not enabled yet (only TP=1 is tested)")
     return shards, problems
 
 
@@ -355,7 +355,8 @@ def digest_local(layout: ModelLayout, shards: dict[str, Shard], params: dict[str
         shard = shards[tensor.name]
         if not shard.owner:
             continue
-        flat = flat_bits(params, tensor.name, shard).cpu()
+        # Hashed where the parameter lives (torch ops on the GPU): no host copy of the weights.
+        flat = flat_bits(params, tensor.name, shard)
         if shard.full:
             total = total + hash_range(tensor.name, 0, flat[: tensor.numel])
         else:
@@ -436,6 +437,8 @@ class AuroraWorkerExtension:
     def aurora_read(self, names: list[str]) -> list[bytes]:
         """Full flat bits of the named tensors (TP=1; for checks and tests — O(tensor size))."""
         layout, shards = self._aurora_bound()
+        if any(not shards[n].full for n in names):
+            raise LayoutError("aurora_read needs TP=1; read sharded tensors with aurora_gather")
         params = self._aurora_params()
         return [read_local(layout, shards, params, n).numpy().tobytes() for n in names]
 

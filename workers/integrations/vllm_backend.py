@@ -225,6 +225,9 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
             if run != init_info.run:
                 raise ConfigError(f"{store.url} holds run {run!r}, not {init_info.run!r}")
         layout = store.layout(manifest.layout_fingerprint)
+        if tp[1] != 1:  # every rank would stage on its own and read back only its slice of each tensor
+            raise ConfigError(f"the aurora backend follows a bucket at tensor parallelism 1 only, not {tp[1]}; "
+                              f"at higher TP stage outside and push the changes (update_info['scatter'])")
         shards, problems = bind_layout(layout, dict(self.model.named_parameters()), *tp)
         if problems:
             raise LayoutError(f"vLLM's parameters do not match the run's layout: {'; '.join(problems[:8])}")

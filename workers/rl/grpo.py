@@ -72,18 +72,25 @@ def token_logprobs(model, samples: Sequence[Sample], pad_id: int = 0) -> tuple[t
         seq = list(s.prompt_ids) + list(s.completion_ids)
         ids[i, : len(seq)] = torch.tensor(seq)
         attention[i, : len(seq)] = 1
-    logits = model(input_ids=ids, attention_mask=attention).logits.float()
+    device = _param_device(model)  # inputs go where the model lives (CPU or a GPU)
+    logits = model(input_ids=ids.to(device), attention_mask=attention.to(device)).logits.float()
     logprobs = F.log_softmax(logits, dim=-1)
-    out = torch.zeros((len(samples), width))
-    mask = torch.zeros((len(samples), width))
+    out = torch.zeros((len(samples), width), device=logits.device)
+    mask = torch.zeros((len(samples), width), device=logits.device)
     for i, s in enumerate(samples):
         p, c = len(s.prompt_ids), len(s.completion_ids)
         if c == 0:
             continue
-        positions = torch.arange(p - 1, p - 1 + c)  # logits at t predict token t + 1
-        out[i, :c] = logprobs[i, positions, torch.tensor(s.completion_ids)]
+        positions = torch.arange(p - 1, p - 1 + c, device=logits.device)  # logits at t predict token t + 1
+        out[i, :c] = logprobs[i, positions, torch.tensor(s.completion_ids, device=logits.device)]
         mask[i, :c] = 1
     return out, mask
+
+
+def _param_device(model) -> torch.device:
+    param = next(model.parameters())
+    local = param.to_local() if hasattr(param, "to_local") else param  # an FSDP2 DTensor's own shard
+    return local.device
 
 
 def grpo_loss(new: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor, clip_eps: float,

@@ -145,6 +145,7 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 def _like(param: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
+    local = local.to(_local(param).device)  # loaded on the host; the state lives where its parameter does
     if not isinstance(param, DTensor):
         return local
     return DTensor.from_local(local, param.device_mesh, param.placements, shape=param.shape, stride=param.stride(),

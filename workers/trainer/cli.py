@@ -43,6 +43,7 @@ class TrainerConfig:
     split: str  # "proportional" (to estimated throughput) or "uniform"
     compute_dtype: str = "bfloat16"  # FSDP2 param_dtype under torchrun (≥ 2 ranks); one rank computes in fp32
     verify_published_digest: bool = False  # recompute the published weights' digest from scratch every version
+    device: str = "auto"  # "auto" (CUDA when available), "cuda" or "cpu": where model, optimizer and step live
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify-published-digest", action="store_true",
                    help="after every publish, hash the published bf16 weights from scratch (each rank its own "
                         "rows) and check the sum equals the manifest's weights_digest")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                   help="where the model, optimizer state, GRPO step and delta extraction run (auto: CUDA when "
+                        "available; under torchrun each process takes cuda:LOCAL_RANK, FSDP2 over NCCL)")
     return p
 
 
@@ -107,4 +111,4 @@ def parse_args(argv: list[str] | None = None) -> TrainerConfig:
         segment_bytes=a.segment_bytes, lease_factor=a.lease_factor, initial_lease_s=a.initial_lease_s,
         signing_key=a.signing_key, metrics_port=a.metrics_port, logdir=a.logdir, wandb=a.wandb,
         step_timeout_s=a.step_timeout_s, split=a.split, compute_dtype=a.compute_dtype,
-        verify_published_digest=a.verify_published_digest)
+        verify_published_digest=a.verify_published_digest, device=a.device)

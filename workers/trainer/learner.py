@@ -50,10 +50,11 @@ class ShardedLearner:
         total_tokens = max(sum(len(s.completion_ids) for s in samples), 1)
         where, weight = self._slice(samples)
         mine = list(samples[where])
-        adv = advantages[where]
         old = torch.zeros((len(mine), max(len(s.completion_ids) for s in mine)))
         for i, s in enumerate(mine):
             old[i, : len(s.old_logprobs)] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+        device = _local(next(self.model.parameters())).device  # the step runs where the model lives
+        adv, old = advantages[where].to(device), old.to(device)
         self.model.train()
         for _ in range(self.config.epochs):
             new, mask = token_logprobs(self.model, mine)
@@ -83,6 +84,12 @@ class ShardedLearner:
         out = {k: sum(g[k] for g in gathered) / max(tokens, 1) for k in local if k != "tokens"}
         out["tokens"] = tokens
         return out
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return param.to_local() if isinstance(param, DTensor) else param
 
 
 def _full(norm: torch.Tensor) -> float:

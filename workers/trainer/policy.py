@@ -37,15 +37,17 @@ class ShardedPolicy:
 
     @classmethod
     def shard(cls, model: nn.Module, layout: ModelLayout, ranks: Ranks, *,
-              compute_dtype: str = "bfloat16") -> ShardedPolicy:
+              compute_dtype: str = "bfloat16", device: torch.device | None = None) -> ShardedPolicy:
         """Make every rank hold rank 0's weights, then shard them (a no-op with one rank).
 
         Rank 0's weights win so that anything done to them before sharding (the warm start) happens once.
         ``compute_dtype`` is FSDP2's ``param_dtype``: parameters are all-gathered in it for forward/backward,
-        gradients are reduced in fp32 and the master shards stay fp32 either way.
+        gradients are reduced in fp32 and the master shards stay fp32 either way. ``device`` is where the
+        model already lives (default: the CPU); the shards stay there.
         """
         if ranks.sharded:
             import torch.distributed as dist
+            from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
             with torch.no_grad():
@@ -54,9 +56,11 @@ class ShardedPolicy:
             if compute_dtype not in COMPUTE_DTYPES:
                 raise ConfigError(f"unknown compute dtype {compute_dtype!r}; choose from {sorted(COMPUTE_DTYPES)}")
             policy = MixedPrecisionPolicy(param_dtype=COMPUTE_DTYPES[compute_dtype], reduce_dtype=torch.float32)
+            # An explicit mesh: FSDP2's default one takes the machine's accelerator even for a CPU run.
+            mesh = init_device_mesh((device or torch.device("cpu")).type, (ranks.world,))
             for layer in getattr(getattr(model, "model", None), "layers", []):
-                fully_shard(layer, mp_policy=policy)
-            fully_shard(model, mp_policy=policy)
+                fully_shard(layer, mesh=mesh, mp_policy=policy)
+            fully_shard(model, mesh=mesh, mp_policy=policy)
         # Keep the sharded parameter objects: FSDP2 swaps unsharded views into the modules during forward.
         named = dict(model.named_parameters())
         missing = [n for n in layout.train_names if n not in named]
@@ -85,7 +89,8 @@ class ShardedPolicy:
 
     def rows_of(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, LocalRows]:
         """Wrap per-name local tensors (e.g. loaded from a checkpoint) with this rank's row offsets."""
-        return {name: LocalRows(name, self.starts[name], tensors[name]) for name in self.params}
+        return {name: LocalRows(name, self.starts[name], tensors[name].to(_local(self.params[name]).device))
+                for name in self.params}
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:

@@ -36,16 +36,17 @@ class Ranks:
     traffic: Counter = field(default_factory=Counter)  # payload bytes seen by this rank, per purpose
 
     @classmethod
-    def from_env(cls, timeout_s: float = DEFAULT_TIMEOUT_S) -> Ranks:
+    def from_env(cls, timeout_s: float = DEFAULT_TIMEOUT_S, backend: str = "gloo") -> Ranks:
         """The process group ``torchrun`` describes in the environment (``WORLD_SIZE``, ``RANK``, …), or a
-        single rank without a process group when it describes none."""
+        single rank without a process group when it describes none. ``backend``: see
+        :func:`workers.trainer.device.process_group_backend`."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1:
             return cls()
         if not dist.is_available():
             raise ConfigError("WORLD_SIZE > 1 but this torch build has no torch.distributed")
         if not dist.is_initialized():
-            dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
         return cls(dist.get_rank(), dist.get_world_size())
 
     @property
@@ -99,7 +100,7 @@ class Ranks:
         ``None`` on other ranks. Moves one parameter, never more (snapshot writing, not publishing). Rows
         travel as raw bytes, so the result is bit-exact and any dtype works with any backend."""
         if not self.sharded:
-            return local
+            return local.cpu()  # snapshot files are written from the host (a no-op for CPU tensors)
         tail = tuple(local.shape[1:])
         wire = local.contiguous().reshape(local.shape[0], math.prod(tail)).view(torch.uint8)
         chunk = -(-rows // self.world)

@@ -50,6 +50,7 @@ from workers.rl.task import AdditionTask, MathFileTask, build_tokenizer
 from workers.trainer import checkpoint
 from workers.trainer.cli import TrainerConfig
 from workers.trainer.curves import CurveLogger
+from workers.trainer.device import process_group_backend, resolve_device
 from workers.trainer.dispatch import Dispatcher
 from workers.trainer.learner import ShardedLearner
 from workers.trainer.policy import ShardedPolicy
@@ -91,7 +92,9 @@ class Trainer:
 
     def __post_init__(self) -> None:
         cfg = self.config
-        self.ranks = Ranks.from_env(timeout_s=max(3600.0, 3 * cfg.step_timeout_s))
+        self.device = resolve_device(cfg.device)
+        self.ranks = Ranks.from_env(timeout_s=max(3600.0, 3 * cfg.step_timeout_s),
+                                    backend=process_group_backend(self.device))
         leader = self.ranks.leader
         settings = TransferSettings.from_env()
         if cfg.streams:
@@ -151,7 +154,9 @@ class Trainer:
 
     def _shard(self) -> None:
         """Shard the (warm-started) model over the ranks and create the optimizer for the shards."""
-        self.policy = ShardedPolicy.shard(self.model, self.layout, self.ranks, compute_dtype=self.config.compute_dtype)
+        self.model.to(self.device)  # after the warm start (done on the host), before sharding and the optimizer
+        self.policy = ShardedPolicy.shard(self.model, self.layout, self.ranks, compute_dtype=self.config.compute_dtype,
+                                          device=self.device)
         self.learner = ShardedLearner(self.model, self.grpo, self.ranks)
 
     def _sum_digest(self, rows: dict[str, LocalRows]) -> WeightsDigest:

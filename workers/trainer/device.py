@@ -1,0 +1,38 @@
+"""Where the trainer's model, optimizer state and GRPO step live: ``--device {auto,cuda,cpu}``.
+
+``auto`` is CUDA when ``torch.cuda.is_available()``, else the CPU. Under ``torchrun`` every process takes
+the GPU its ``LOCAL_RANK`` names (one process per GPU). The process group then runs NCCL for CUDA tensors
+(FSDP2's all-gathers and reduce-scatters) and gloo for CPU tensors (the small JSON collectives and the
+snapshot's row gathers, which stay on the host); on the CPU it is gloo alone, as before.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from aurora_store.errors import ConfigError
+
+DEVICES = ("auto", "cuda", "cpu")
+
+
+def resolve_device(choice: str, local_rank: int | None = None) -> torch.device:
+    """The device ``choice`` means on this machine for this process (``LOCAL_RANK`` from the environment)."""
+    if choice not in DEVICES:
+        raise ConfigError(f"unknown device {choice!r}; choose from {list(DEVICES)}")
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("--device cuda but torch sees no CUDA device (CPU-only build or no driver)")
+    index = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
+    if index >= torch.cuda.device_count():
+        raise ConfigError(f"LOCAL_RANK {index} but only {torch.cuda.device_count()} CUDA device(s): run one "
+                          f"process per GPU (torchrun --nproc-per-node ≤ {torch.cuda.device_count()})")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def process_group_backend(device: torch.device) -> str:
+    """NCCL for the device's tensors, gloo for host tensors; gloo alone on the CPU."""
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
