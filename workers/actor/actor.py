@@ -355,11 +355,23 @@ class Actor:
             # Capacity is measured on full batches only: partial batches are dominated by fixed costs and
             # would make an under-used actor look slow, starving it further.
             self.tokens_per_s = 0.7 * self.tokens_per_s + 0.3 * tokens / elapsed
+        self._throttle(tokens, elapsed)
         share = elapsed / len(batch)
         for lease, group in zip(batch, groups):
             self.plane.send_result(RolloutResult(
                 "result", lease.lease_id, self.actor_id, self.token, version, digest,
                 sum(len(c.ids) for c in group), share, [c.as_dict() for c in group]))
+
+    def _throttle(self, tokens: int, elapsed: float) -> None:
+        """``--throttle-file`` (tests): stretch the batch to the file's tokens/s cap, after the self-measurement."""
+        if not self.config.throttle_file:
+            return
+        try:
+            cap = float(Path(self.config.throttle_file).read_text().strip() or 0)
+        except (OSError, ValueError):
+            return
+        if cap > 0 and tokens / cap > elapsed:
+            time.sleep(min(tokens / cap - elapsed, 300.0))
 
     def _emulate(self, elapsed: float, tokens: int) -> float:
         """Stretch a batch to emulate a slower engine (``--slowdown``, ``--sim-tokens-per-s``)."""

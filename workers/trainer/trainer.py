@@ -39,7 +39,7 @@ from aurora_store.codec.sharding import LocalRows, rows_digest
 from aurora_store.config import TransferSettings
 from aurora_store.errors import AuroraError, ConfigError, DigestMismatchError
 from aurora_store.metrics import Metrics
-from aurora_store.sched import LeasePolicy, Prompt, StepLedger
+from aurora_store.sched import LeasePolicy, Prompt, StepLedger, ThroughputEstimator
 from aurora_store.store import DeltaStore, keys, open_bucket
 from aurora_store.store.publisher import VersionPublisher, utc_now
 from aurora_store.store.snapshots import read_snapshot_manifest
@@ -122,6 +122,7 @@ class Trainer:
                                   config=dict(cfg.__dict__), use_wandb=cfg.wandb) if leader else None
         self.dispatcher = Dispatcher(self.plane, cfg.region, f"trainer-{os.getpid()}",
                                      LeasePolicy(factor=cfg.lease_factor, initial_ms=int(1000 * cfg.initial_lease_s)),
+                                     ThroughputEstimator(beta=cfg.throughput_ema, alpha=cfg.exclusion_decay),
                                      uniform=cfg.split == "uniform", metrics=self.metrics) if leader else None
         self.version = 0
         self.step = 0
