@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aurora_store.bus.messages import Lease, RolloutResult
-from aurora_store.sched.allocation import Measurement
 from aurora_store.errors import SchedulingError
+from aurora_store.sched.allocation import Measurement
 
 REASONS = ("late", "wrong_version", "wrong_digest", "unknown_lease", "duplicate", "wrong_actor", "bad_token",
            "unregistered", "malformed", "not_active")

@@ -67,8 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--epochs", type=int, default=4, help="optimizer updates per batch of rollouts")
     p.add_argument("--clip-eps", type=float, default=0.2)
-    p.add_argument("--kl-coef", type=float, default=0.0, help="β_KL: weight of the k3 KL penalty to a frozen bf16 copy of the initial policy "
-                   "(0 = off: no reference copy, the loss is the clipped surrogate alone)")
+    p.add_argument("--kl-coef", type=float, default=0.0,
+                   help="β_KL: weight of the k3 KL penalty to a frozen bf16 copy of the initial policy "
+                        "(0 = off: no reference copy, the loss is the clipped surrogate alone)")
     p.add_argument("--snapshot-every", type=int, default=10, help="write a full snapshot every K versions")
     p.add_argument("--checkpoint-dir", required=True, help="local directory for the trainer's own checkpoint")
     p.add_argument("--model", help="HF model directory (default: built-in small Qwen3 + warm start)")

@@ -4,8 +4,9 @@ Each step: find the eligible actors (on ``v``, or on ``v − 1`` with ``D_v`` st
 ``Commit(v)``), decay the excluded ones' throughput estimates, split the batch by estimated throughput,
 grant per-prompt leases, then settle results as they arrive. Throughput estimates come from settlements:
 every time an actor's hold window closes (see :mod:`aurora_store.sched.ledger`) its measured tokens/s is
-folded into τ_a; the rate an actor reports in its heartbeat is only a capped prior until then. Expired and returned leases go back to the
-pool and are re-granted to whoever is eligible, so a vanished actor costs throughput, never correctness.
+folded into τ_a; the rate an actor reports in its heartbeat is only a capped prior until then. Expired
+and returned leases go back to the pool and are re-granted to whoever is eligible, so a vanished actor
+costs throughput, never correctness.
 """
 
 from __future__ import annotations
