@@ -43,6 +43,7 @@ def run(tmp_path_factory):
         cluster.wait_for(lambda: cluster.trainer_version() >= SLOW_AT, 300, f"version {SLOW_AT}")
         slowed_cap.write_text("10")
         throttled_ms = int(time.time() * 1000)
+        cluster.plane.log_event("throttle", actor="slowed", tokens_per_s=10)  # marks it in the exported run log
         summary = cluster.wait_trainer_done(400)
         log = cluster.plane.run_log()
         reports = {a: s.tokens_per_s for a, (s, _) in cluster.plane.actors().items()}
