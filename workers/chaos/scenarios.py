@@ -484,23 +484,27 @@ def heterogeneous_actors(run_dir: Path, quick: bool) -> ScenarioResult:
     """One actor is 3× slower: throughput-proportional allocation (τ measured by the trainer at settlement)
     makes them finish together; the step's generation makespan is compared with a uniform split."""
     steps = 8 if quick else 14
-    result = ScenarioResult("heterogeneous_actors", ["actor us-east-3 at 1/3 the throughput of the others"])
-    makespans, taus = {}, {}
-    # Emulated speeds low enough that generation, not per-batch fixed costs (activation, Redis, the real
-    # engine on a busy 2-core host), dominates a step, and one generation batch per actor per step (actor
-    # batch ≥ the step's batch, like continuous batching): a share then costs time in proportion to its
-    # tokens, which is what proportional allocation equalises.
+    result = ScenarioResult("heterogeneous_actors", ["actor us-east-3 at 1/3 the throughput of the others "
+                                                     "(emulated 12 vs 36 tokens/s)"])
+    makespans, medians, taus = {}, {}, {}
+    # Emulated speeds low enough that generation, not per-step fixed costs (activating the new version,
+    # Redis, the real engine on a busy 2-core host: ~1-2 s here), dominates a step, and one generation batch
+    # per actor per step (actor batch ≥ the step's batch, like continuous batching): a share then costs time
+    # in proportion to its tokens, which is what proportional allocation equalises. The trainer measures τ
+    # as tokens over the whole hold window, fixed costs included, so they must not swamp generation.
     for split in ("uniform", "proportional"):
         spec = fast_spec(run_dir / split, steps=steps, batch_size=24, group_size=4, actors={"us-east": 2},
-                         actor_args=["--sim-tokens-per-s", "150", "--batch-size", "24"],
-                         trainer_args=["--split", split])
+                         actor_args=["--sim-tokens-per-s", "36", "--batch-size", "24"],
+                         trainer_args=["--split", split, "--initial-lease-s", "40"])
         with LocalCluster(spec) as cluster:
-            cluster.start_actor("us-east-3", "us-east", ["--sim-tokens-per-s", "50"])
+            cluster.start_actor("us-east-3", "us-east", ["--sim-tokens-per-s", "12"])
             summary = cluster.wait_trainer_done(400)
             log = cluster.plane.run_log()
             # skip the first steps: actors join at different times and estimates settle
             spans = [t["makespan_s"] for t in summary["step_times"][2:]]
             makespans[split] = statistics.mean(spans) if spans else None
+            # the median too: one step stalled by a neighbour on a shared host skews a mean of six
+            medians[split] = statistics.median(spans) if spans else None
             measured = {e["actor"] for e in events(log, "measure")}
             taus[split] = {a: [float(e["estimate"]) for e in events(log, "measure") if e["actor"] == a]
                            for a in sorted(measured)}
@@ -513,12 +517,17 @@ def heterogeneous_actors(run_dir: Path, quick: bool) -> ScenarioResult:
                 result.invariants["tau_measured_for_every_actor"] = measured >= set(cluster.actor_ids)
     uniform, proportional = makespans["uniform"], makespans["proportional"]
     gain = (uniform / proportional - 1) if uniform and proportional else None
+    med_u, med_p = medians["uniform"], medians["proportional"]
+    med_gain = (med_u / med_p - 1) if med_u and med_p else None
     result.figures.update({"mean_makespan_uniform_s": uniform, "mean_makespan_proportional_s": proportional,
                            "proportional_speedup_pct": round(100 * gain, 1) if gain is not None else None,
+                           "median_makespan_uniform_s": med_u, "median_makespan_proportional_s": med_p,
+                           "proportional_speedup_median_pct": round(100 * med_gain, 1) if med_gain is not None
+                           else None,
                            "paper_pct": "26-35", "tau_source": "measured at settlement",
                            "tau_trajectory_slow_actor": [round(t, 1) for t in
                                                          taus.get("proportional", {}).get("us-east-3", [])]})
-    result.invariants["proportional_at_least_25pct_faster"] = gain is not None and gain >= 0.25
+    result.invariants["proportional_at_least_25pct_faster"] = med_gain is not None and med_gain >= 0.25
     return result
 
 
