@@ -185,6 +185,7 @@ def main() -> int:
     except BaseException:
         ranks.close()
         raise
+    Path(spec["out"]).mkdir(parents=True, exist_ok=True)
     Path(spec["out"], f"result-rank{ranks.rank}.json").write_text(json.dumps(result, indent=1))
     return ranks.finish(0)  # a sharded rank leaves without interpreter finalization, as the trainer does
 
