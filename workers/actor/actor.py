@@ -463,13 +463,14 @@ class Actor:
         return target
 
     def calibrate(self, warm_up: bool = False) -> None:
-        """Measure generation capacity (tokens/s) on one full batch. Done before taking work and again
-        whenever the actor sits idle, so an estimate taken under a transient slowdown does not persist."""
-        prompts = ["1+1="] * self.config.batch_size
+        """Measure generation capacity (tokens/s) once, before taking work. It is only the prior the trainer
+        may use until it has measured this actor's settled work, so it is not repeated when idle: a
+        recalibration blocks the actor for a whole batch, and leases granted meanwhile would wait for it."""
+        prompts = ["1+1="] * min(self.config.batch_size, 8)
         if warm_up:
             self.engine.generate(prompts, 2, 2, 1.0, seed=0)  # first calls pay one-time costs
         started = time.perf_counter()
-        groups = self.engine.generate(prompts, 8, self.config.max_new_tokens or 4, 1.0, seed=1)
+        groups = self.engine.generate(prompts, 4, self.config.max_new_tokens or 4, 1.0, seed=1)
         tokens = sum(len(c.ids) for g in groups for c in g)
         rate = tokens / self._emulate(time.perf_counter() - started, tokens)
         self.tokens_per_s = rate if not self.tokens_per_s else 0.5 * self.tokens_per_s + 0.5 * rate
@@ -508,8 +509,6 @@ class Actor:
                 elif self.queue:
                     with self.lock:  # work for a newer version: wait for staging
                         self.lock.wait(0.1)
-                elif time.monotonic() - self.calibrated_at > 5.0:
-                    self.calibrate()
         except BusError as exc:
             log.error("control plane unreachable", extra={"error": str(exc)})
             return 2
