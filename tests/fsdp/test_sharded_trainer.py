@@ -184,8 +184,8 @@ def test_the_kl_reference_is_bf16_frozen_and_sharded_like_the_policy(kl_runs):
 
 def test_two_ranks_compute_the_single_process_kl_loss(kl_runs):
     single, double = kl_runs[1]["stats"], kl_runs[2]["stats"]
-    assert single[0]["kl"] == 0 or single[0]["kl"] < 1e-3  # step 1 starts at the reference (bf16 rounding)
-    assert single[1]["kl"] > single[0]["kl"] and single[1]["kl"] > 0  # moved away after one step
+    # reported from each step's last epoch (2 epochs per step): the policy has left the reference by then
+    assert all(s["kl"] > 0 for s in single)
     for one, two in zip(single, double):
         assert two["tokens"] == one["tokens"]
         assert two["kl"] == pytest.approx(one["kl"], rel=1e-3, abs=1e-6)
