@@ -186,7 +186,8 @@ class Actor:
             actor_id=self.actor_id, region=self.config.region, engine=self.config.engine,
             active_version=self.target.version if self.engine else None,
             active_digest=str(self.target.digest) if self.engine else None,
-            staged_version=staged.version if staged is not None else None, tokens_per_s=self.tokens_per_s,
+            staged_version=staged.version if staged is not None else None,
+            tokens_per_s=self.config.claim_tokens_per_s or self.tokens_per_s,
             leases=len(self.queue), status=self.status, heartbeat_ms=int(time.time() * 1000),
             source=self.sources.label if self.sources else "regional", downloaded_bytes=self.downloaded_bytes,
             host=socket.gethostname(), staging_version=self.staging)
