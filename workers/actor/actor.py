@@ -345,7 +345,7 @@ class Actor:
             self.beat_now.set()
             started = time.perf_counter()
             try:
-                staged = self._stage(version, snapshot=snapshot)
+                staged = self._stage(version, snapshot=True) if snapshot else self._stage(version)
                 self.metrics.fetch_seconds.observe(time.perf_counter() - started)
                 missing = False
             except VersionNotFoundError:
