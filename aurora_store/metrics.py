@@ -41,6 +41,9 @@ class Metrics:
         self.activate_seconds = Histogram("aurora_activate_seconds", "In-place scatter of a staged version",
                                           buckets=_SECONDS, registry=r)
         self.downloaded_bytes = Counter("aurora_downloaded_bytes", "Bytes downloaded from buckets", registry=r)
+        self.catch_up = Counter("aurora_catch_up_decisions", "Catch-up plans of an actor behind its bucket's newest "
+                                "version, by path chosen (replay, snapshot) and cause (behind: more than one "
+                                "version out; missing: the next delta is gone)", ["path", "cause"], registry=r)
         # relays
         self.cross_region_bytes = Counter("aurora_cross_region_bytes", "Bytes copied from the source bucket into "
                                           "the region", registry=r)

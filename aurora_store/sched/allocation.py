@@ -3,13 +3,15 @@
 Eligible for step ``v``: actors already on ``v``, and actors on ``v − 1`` with ``D_v`` staged or being staged
 (they are sent ``Commit(v)`` first and activate it before generating; their leases wait until then).
 Everyone else is excluded for this step and its throughput estimate decays by ``α``, so a rejoining actor
-starts conservatively. Each eligible actor ``a`` gets ``⌊B·τ_a/T⌋`` prompts; the remainder goes to the
+starts conservatively. Estimates come from settled work (:class:`Measurement`), never from what an actor
+says about itself beyond a capped prior. Each eligible actor ``a`` gets ``⌊B·τ_a/T⌋`` prompts; the remainder goes to the
 largest fractional parts (ties: lower actor id), so the split is deterministic.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -72,37 +74,113 @@ def allocate(batch: int, throughput: Mapping[str, float]) -> dict[str, int]:
     return shares
 
 
+@dataclass(frozen=True)
+class Measurement:
+    """One settlement of an actor's work: the tokens of its accepted results over the time it held leases
+    (first grant → the settlement that left it holding none, both on the Redis server clock)."""
+
+    actor_id: str
+    tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
 @dataclass
 class ThroughputEstimator:
-    """Per-actor tokens/s estimates τ_a: EMA on measurements, decay by α on exclusion."""
+    """Per-actor tokens/s estimates τ_a, from work the trainer measured at settlement.
+
+    * A measured settlement ``m`` is folded in by EMA: ``τ_a ← (1 − β)·τ_a + β·m`` (``beta`` = β, the
+      weight of the newest measurement). An actor's first measurement replaces its prior (or is blended
+      with its decayed estimate, never ending above the measurement).
+    * What an actor says about itself (its heartbeat) is only a prior for an actor never measured and never
+      decayed, and it is capped by the median of the measured estimates (of the reports, while nobody has
+      been measured): a boastful newcomer cannot take the batch, an honest slow one is not overloaded.
+    * Exclusion multiplies τ_a by α (``alpha``); the decayed value stays until measured settlements raise it
+      (reports no longer touch it), so a rejoining actor starts conservatively, as in the paper (§5.3).
+    """
 
     beta: float = 0.5  # weight of the newest measurement
     alpha: float = 0.5  # multiplier applied when an actor is excluded from a step
     floor: float = 1e-3
-    estimates: dict[str, float] = field(default_factory=dict)
+    estimates: dict[str, float] = field(default_factory=dict)  # measured or decayed actors
+    measured: set[str] = field(default_factory=set)
+    priors: dict[str, float] = field(default_factory=dict)  # self-reports of actors without an estimate
 
     def __post_init__(self) -> None:
         if not (0 < self.beta <= 1 and 0 < self.alpha <= 1):
-            raise SchedulingError("beta and alpha must be in (0, 1]")
+            raise SchedulingError(f"throughput EMA β and exclusion decay α must be in (0, 1], got β={self.beta!r}, "
+                                  f"α={self.alpha!r}")
+
+    def _bound(self) -> float | None:
+        """The cap on priors: the median of measured estimates, else of the reports, else none."""
+        known = sorted(self.estimates[a] for a in self.measured if a in self.estimates)
+        if not known:
+            known = sorted(self.priors.values())
+        if not known:
+            return None
+        return statistics.median(known)
 
     def get(self, actor_id: str) -> float:
         if actor_id in self.estimates:
             return self.estimates[actor_id]
-        # A newcomer starts at the median of the known estimates (or 1.0): neither starved nor overloaded.
-        known = sorted(self.estimates.values())
-        return known[len(known) // 2] if known else 1.0
+        bound = self._bound()
+        prior = self.priors.get(actor_id)
+        if prior is None:  # nothing known about it: the median, neither starved nor overloaded
+            return bound if bound is not None else 1.0
+        return max(min(prior, bound), self.floor) if bound is not None else max(prior, self.floor)
+
+    def is_measured(self, actor_id: str) -> bool:
+        return actor_id in self.measured
+
+    def report(self, actor_id: str, tokens_per_s: float) -> None:
+        """An actor's own claim (heartbeat): kept as a prior only while nothing was measured or decayed."""
+        _check_rate(tokens_per_s)
+        if actor_id not in self.estimates and tokens_per_s > 0:
+            self.priors[actor_id] = float(tokens_per_s)
 
     def observe(self, actor_id: str, tokens_per_s: float) -> float:
-        if not math.isfinite(tokens_per_s) or tokens_per_s < 0:
-            raise SchedulingError(f"invalid throughput measurement {tokens_per_s!r}")
-        old = self.estimates.get(actor_id)
-        new = tokens_per_s if old is None else (1 - self.beta) * old + self.beta * tokens_per_s
+        """Fold one measured rate into τ_a."""
+        _check_rate(tokens_per_s)
+        if actor_id not in self.estimates:  # first measurement: it replaces the prior
+            new = tokens_per_s
+        else:
+            new = (1 - self.beta) * self.estimates[actor_id] + self.beta * tokens_per_s
+            if actor_id not in self.measured:  # decayed before ever being measured: recover from there, but a
+                new = min(new, tokens_per_s)  # decayed prior never lifts τ above what was measured
+        self.measured.add(actor_id)
+        self.priors.pop(actor_id, None)
         self.estimates[actor_id] = max(new, self.floor)
         return self.estimates[actor_id]
 
+    def observe_settlement(self, measurement: Measurement) -> float:
+        return self.observe(measurement.actor_id, measurement.tokens_per_s)
+
     def decay(self, actor_id: str) -> float:
         self.estimates[actor_id] = max(self.get(actor_id) * self.alpha, self.floor)
+        self.priors.pop(actor_id, None)
         return self.estimates[actor_id]
 
+    def forget(self, actor_id: str) -> None:
+        self.estimates.pop(actor_id, None)
+        self.priors.pop(actor_id, None)
+        self.measured.discard(actor_id)
+
     def shares(self, batch: int, eligible: tuple[str, ...]) -> dict[str, int]:
-        return allocate(batch, {a: self.get(a) for a in eligible})
+        """Proportional shares, with at least one prompt for every eligible actor when the batch allows: an
+        actor whose share rounds to zero would never be measured again, so a decayed estimate could never
+        recover."""
+        shares = allocate(batch, {a: self.get(a) for a in eligible})
+        if batch >= len(eligible):
+            for actor_id in sorted(a for a, n in shares.items() if n == 0):
+                donor = max(shares, key=lambda a: (shares[a], a))
+                shares[donor] -= 1
+                shares[actor_id] = 1
+        return shares
+
+
+def _check_rate(tokens_per_s: float) -> None:
+    if not isinstance(tokens_per_s, (int, float)) or not math.isfinite(tokens_per_s) or tokens_per_s < 0:
+        raise SchedulingError(f"invalid throughput measurement {tokens_per_s!r}")

@@ -6,6 +6,14 @@ actor the lease was granted to (with its registration token), and its prompt has
 Everything else is rejected and counted by reason. Expired or returned leases put their prompt back in the
 pool, so no prompt is ever lost or counted twice. Time is always passed in (``now_ms``): the ledger is a
 pure state machine.
+
+Settlement also measures each actor's throughput: from the grant that gave it work while it held none
+until the settlement that leaves it holding none (a *hold window*, server clock), the tokens of its
+accepted results over the window's duration (:class:`~aurora_store.sched.allocation.Measurement`). Counted
+over the whole window, so an actor that generates its leases in several batches is measured at its real
+rate. A window closed by an expiry is measured too (what it delivered, possibly nothing, over the time it
+held the prompts): an actor too slow to finish must not keep its share. Tokens are counted from the
+results' samples, which the trainer trains on, not from what the actor claims.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from typing import Any
 
 from aurora_store.bus.messages import Lease, RolloutResult
 from aurora_store.errors import SchedulingError
+from aurora_store.sched.allocation import Measurement
 
 REASONS = ("late", "wrong_version", "wrong_digest", "unknown_lease", "duplicate", "wrong_actor", "bad_token",
            "unregistered", "malformed", "not_active")
@@ -37,6 +46,15 @@ class LeaseRecord:
     actor_id: str
     granted_ms: int
     state: str = "active"  # active | accepted | expired | returned | superseded | voided
+
+
+@dataclass
+class HoldWindow:
+    """An actor's uninterrupted stretch of holding leases of this step (see the module docstring)."""
+
+    opened_ms: int
+    tokens: int = 0
+    expired: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,6 +112,9 @@ class StepLedger:
         self.granted = 0
         self.started_ms: int | None = None  # first grant (server clock)
         self.completed_ms: int | None = None  # arrival of the result that completed the step
+        self._active: Counter[str] = Counter()  # active leases per actor
+        self._windows: dict[str, HoldWindow] = {}
+        self.measurements: list[Measurement] = []  # settled hold windows, drained by take_measurements()
 
     # --- granting --------------------------------------------------------------------------------
 
@@ -117,6 +138,10 @@ class StepLedger:
                           temperature=self.temperature)
             self.leases[lease.lease_id] = LeaseRecord(lease, actor_id, now_ms)
             out.append(lease)
+        if out:
+            if not self._active[actor_id]:
+                self._windows[actor_id] = HoldWindow(now_ms)
+            self._active[actor_id] += len(out)
         self.granted += len(out)
         if out and self.started_ms is None:
             self.started_ms = now_ms
@@ -130,10 +155,11 @@ class StepLedger:
                 record.state = "expired"
                 self.pool.append(record.lease.prompt_id)
                 expired.append(record)
+                self._release(record, now_ms, expired=True)
         self.expired += len(expired)
         return expired
 
-    def give_back(self, lease_id: str, actor_id: str) -> bool:
+    def give_back(self, lease_id: str, actor_id: str, now_ms: int | None = None) -> bool:
         """An actor hands back an unfinished lease (graceful leave): its prompt is re-pooled at once."""
         record = self.leases.get(lease_id)
         if record is None or record.state != "active" or record.actor_id != actor_id:
@@ -141,6 +167,7 @@ class StepLedger:
         record.state = "returned"
         self.pool.append(record.lease.prompt_id)
         self.returned += 1
+        self._release(record, now_ms)
         return True
 
     def revoke_actor(self, actor_id: str) -> int:
@@ -185,8 +212,12 @@ class StepLedger:
             for other in self.leases.values():
                 if other.lease.prompt_id == prompt_id and other.state == "active":
                     other.state = "superseded"
+                    self._release(other, arrival_ms)
+        was_active = record.state == "active"
         record.state = "accepted"
         self.accepted[prompt_id] = result
+        if was_active:
+            self._release(record, arrival_ms, tokens=_sample_tokens(result))
         if self.complete:
             self.completed_ms = arrival_ms
         latency = arrival_ms - record.granted_ms
@@ -199,7 +230,33 @@ class StepLedger:
         if record.state == "active":
             record.state = "voided"
             self.pool.append(record.lease.prompt_id)
+            self._release(record, None)
         return record
+
+    # --- throughput measurement ------------------------------------------------------------------
+
+    def _release(self, record: LeaseRecord, now_ms: int | None, *, tokens: int = 0, expired: bool = False) -> None:
+        """``record`` stopped being active; close its holder's window when it was the last active lease."""
+        actor_id = record.actor_id
+        self._active[actor_id] -= 1
+        window = self._windows.get(actor_id)
+        if window is None:
+            return
+        window.tokens += tokens
+        window.expired = window.expired or expired
+        if self._active[actor_id] > 0:
+            return
+        del self._windows[actor_id]
+        # Only windows with something to say: delivered tokens, or prompts held until they expired. A window
+        # closed by a hand-back or a wrong answer without any accepted work measures nothing.
+        if now_ms is not None and (window.tokens > 0 or window.expired):
+            seconds = max(now_ms - window.opened_ms, 1) / 1000
+            self.measurements.append(Measurement(actor_id, window.tokens, seconds))
+
+    def take_measurements(self) -> list[Measurement]:
+        """Hold windows settled since the last call."""
+        out, self.measurements = self.measurements, []
+        return out
 
     def _reject(self, reason: str, record: LeaseRecord | None) -> Verdict:
         self.rejected[reason] += 1
@@ -229,3 +286,13 @@ class StepLedger:
         return {"accepted": len(self.accepted), "rejected": sum(self.rejected.values()), "granted": self.granted,
                 "expired": self.expired, "returned": self.returned,
                 **{f"rejected_{k}": v for k, v in self.rejected.items()}}
+
+
+def _sample_tokens(result: RolloutResult) -> int:
+    """Completion tokens of a result, counted from its samples (the ``tokens`` field is the actor's claim)."""
+    total = 0
+    for sample in result.samples:
+        ids = sample.get("ids") if isinstance(sample, Mapping) else None
+        if isinstance(ids, list):
+            total += len(ids)
+    return total

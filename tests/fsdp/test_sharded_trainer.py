@@ -170,3 +170,28 @@ def test_two_ranks_compute_the_single_process_loss_and_gradient(one, two):
     # scale (1e-5 ≈ 170 u); the gradient norm is a sum of squares (no cancellation), so relative.
     assert double["loss"] == pytest.approx(single["loss"], rel=1e-5, abs=1e-5)
     assert double["grad_norm"] == pytest.approx(single["grad_norm"], rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def kl_runs(tmp_path_factory):
+    return {ranks: launch(tmp_path_factory.mktemp(f"kl-{ranks}"), ranks, kl_coef=0.5)[0] for ranks in (1, 2)}
+
+
+def test_the_kl_reference_is_bf16_frozen_and_sharded_like_the_policy(kl_runs):
+    single, double = kl_runs[1]["reference"], kl_runs[2]["reference"]
+    assert single["dtypes"] == double["dtypes"] == ["torch.bfloat16"]
+    assert single["frozen"] and double["frozen"]
+    assert not single["sharded"] and double["sharded"]
+    # rank 0 holds about half of the reference (dim-0 chunks; vocab 33 splits 17 + 16)
+    assert double["full_numel"] == single["full_numel"]
+    assert 0.45 < double["local_numel"] / double["full_numel"] < 0.56
+
+
+def test_two_ranks_compute_the_single_process_kl_loss(kl_runs):
+    single, double = kl_runs[1]["stats"], kl_runs[2]["stats"]
+    # reported from each step's last epoch (2 epochs per step): the policy has left the reference by then
+    assert all(s["kl"] > 0 for s in single)
+    for one, two in zip(single, double):
+        assert two["tokens"] == one["tokens"]
+        assert two["kl"] == pytest.approx(one["kl"], rel=1e-3, abs=1e-6)
+        assert two["loss"] == pytest.approx(one["loss"], rel=1e-3, abs=1e-5)

@@ -33,7 +33,7 @@ from workers.rl.model import DEFAULT_CONFIG, build_model, side_files
 from workers.rl.task import build_tokenizer
 from workers.trainer import checkpoint
 from workers.trainer.learner import ShardedLearner
-from workers.trainer.policy import ShardedPolicy
+from workers.trainer.policy import ShardedPolicy, frozen_reference
 from workers.trainer.publish import RankPublisher
 from workers.trainer.ranks import Ranks
 from workers.trainer.snapshot import write_sharded_snapshot
@@ -70,6 +70,28 @@ class Run:
         model = build_model(MODEL_CONFIG, seed=0)
         policy = ShardedPolicy.shard(model, self.layout, self.ranks, compute_dtype=self.spec["compute_dtype"])
         return policy, ShardedLearner(model, GRPOConfig(lr=1e-3, epochs=2), self.ranks)
+
+    def kl(self) -> dict:
+        """GRPO with the KL term: the bf16 reference is sharded like the policy; two steps' statistics."""
+        from torch.distributed.tensor import DTensor
+
+        model = build_model(MODEL_CONFIG, seed=0)
+        reference = frozen_reference(model, self.ranks)
+        ShardedPolicy.shard(model, self.layout, self.ranks, compute_dtype=self.spec["compute_dtype"])
+        learner = ShardedLearner(model, GRPOConfig(lr=1e-3, epochs=2, kl_coef=self.spec["kl_coef"]), self.ranks,
+                                 reference)
+        params = list(reference.parameters())
+        local = [p.to_local() if isinstance(p, DTensor) else p for p in params]
+        out = {"reference": {"dtypes": sorted({str(p.dtype) for p in local}),
+                             "sharded": all(isinstance(p, DTensor) for p in params),
+                             "local_numel": sum(p.numel() for p in local),
+                             "full_numel": sum(p.numel() for p in params),
+                             "frozen": not any(p.requires_grad for p in params)}, "stats": []}
+        for step in (1, 2):
+            stats = learner.step(batch(step))
+            out["stats"].append({"loss": stats.loss, "kl": stats.kl, "grad_norm": stats.grad_norm,
+                                 "tokens": stats.tokens})
+        return out
 
     def summed_digest(self, rows) -> WeightsDigest | None:
         parts = self.ranks.gather(str(rows_digest(self.layout, rows)), "digest")
@@ -158,10 +180,12 @@ def main() -> int:
     torch.manual_seed(0)
     ranks = Ranks.from_env()
     try:
-        result = Run(spec, ranks).main()
+        run = Run(spec, ranks)
+        result = run.kl() if spec.get("kl_coef") else run.main()
     except BaseException:
         ranks.close()
         raise
+    Path(spec["out"]).mkdir(parents=True, exist_ok=True)
     Path(spec["out"], f"result-rank{ranks.rank}.json").write_text(json.dumps(result, indent=1))
     return ranks.finish(0)  # a sharded rank leaves without interpreter finalization, as the trainer does
 

@@ -32,7 +32,8 @@ def total(samples: dict[str, float], prefix: str) -> float:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     spec = ClusterSpec(run_dir=tmp_path_factory.mktemp("obs"), steps=STEPS, batch_size=16, group_size=4,
-                       actors={"us-east": 1, "eu-west": 1}, metrics=True, trainer_args=["--wandb"],
+                       actors={"us-east": 1, "eu-west": 1}, metrics=True,
+                       trainer_args=["--wandb", "--kl-coef", "0.05"],
                        actor_args=["--sim-tokens-per-s", "400"],
                        env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
     with LocalCluster(spec) as cluster:
@@ -88,6 +89,10 @@ def test_tensorboard_event_files_are_readable(run):
                 "time/publish_s", "delta/bytes"):
         assert tag in tags, tag
     assert [e.step for e in events.Scalars("reward/mean")] == list(range(1, STEPS + 1))
+    # --kl-coef 0.05: the penalty's coefficient and its k3 estimate are curves; the policy moves away from
+    # the reference, so the estimate is positive once it has been trained on
+    assert all(e.value == pytest.approx(0.05) for e in events.Scalars("loss/kl_coef"))
+    assert max(e.value for e in events.Scalars("loss/kl")) > 0
 
 
 def test_wandb_offline_run_was_written(run):

@@ -5,6 +5,13 @@ register, then loop: take leases, generate a batch on the active version (stampi
 dispatch), return results. In the background it stages ``D_{v+1}`` (fetch + verify + decode) while
 generating on ``v``; at the next batch boundary, once ``v+1`` is committed, it activates it by in-place
 scatter — only if its active version is the delta's base. SIGTERM = graceful leave.
+
+Live catch-up: whenever the actor is more than one version behind its bucket, or the next delta it needs
+is gone (a gc removed it while the actor was frozen or partitioned), it plans replay vs. the newest
+snapshot by bytes (:func:`~aurora_store.store.catchup.plan_catch_up` from its active version). A snapshot
+path stages the snapshot like a delta (every file's SHA-256, the digest after applying it checked before
+any weight is touched) and activates it at a batch boundary; replay continues from there. Each decision
+is logged (``catch_up`` in the run log) and counted (``aurora_catch_up_decisions``).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from aurora_store.errors import (
 )
 from aurora_store.metrics import Metrics
 from aurora_store.store import DeltaStore, open_bucket, plan_catch_up
+from aurora_store.store.catchup import CatchUpPlan
 from aurora_store.store.replay import stage_snapshot, stage_version
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
 from aurora_store.trust import Verifier
@@ -73,6 +81,9 @@ class Actor:
         self.downloaded_bytes = 0
         self.activations = 0
         self.calibrated_at = 0.0
+        self._sizes: dict[tuple[str, str, int], int] = {}  # (bucket, kind, version) → download bytes
+        self._planned: tuple[int, int] | None = None  # (active version, goal) of the last catch-up decision
+        self._blocked: int | None = None  # active version at which no catch-up path was found (logged once)
         self.status = "starting"
         self.cache_dir = Path(config.cache_dir or f"/tmp/aurora-actor-{self.actor_id}")
         self.metrics = Metrics("actor", config.run, config.region)
@@ -176,7 +187,8 @@ class Actor:
             actor_id=self.actor_id, region=self.config.region, engine=self.config.engine,
             active_version=self.target.version if self.engine else None,
             active_digest=str(self.target.digest) if self.engine else None,
-            staged_version=staged.version if staged is not None else None, tokens_per_s=self.tokens_per_s,
+            staged_version=staged.version if staged is not None else None,
+            tokens_per_s=self.config.claim_tokens_per_s or self.tokens_per_s,
             leases=len(self.queue), status=self.status, heartbeat_ms=int(time.time() * 1000),
             source=self.sources.label if self.sources else "regional", downloaded_bytes=self.downloaded_bytes,
             host=socket.gethostname(), staging_version=self.staging)
@@ -234,12 +246,12 @@ class Actor:
                 log.warning("event loop error", extra={"error": str(exc)})
                 self.stopped.wait(0.5)
 
-    def _stage(self, version: int) -> Staged:
+    def _stage(self, version: int, *, snapshot: bool = False) -> Staged:
         """Stage from the current bucket; if its copy is corrupt or tampered with (bad bytes, unsigned or
         mis-signed manifest), re-fetch from the source bucket instead."""
         store = self.sources.store()
         try:
-            return self._stage_from(store, version)
+            return self._stage_from(store, version, snapshot=snapshot)
         except (IntegrityError, CorruptSegmentError, ManifestError, DigestMismatchError) as exc:
             source = self.sources.source
             if source is None or source is store:
@@ -247,38 +259,107 @@ class Actor:
             log.warning("corrupt copy of version %d in %s; re-fetching from the source bucket", version, store.url,
                         extra={"error": str(exc)})
             self.plane.log_event("refetch_source", actor=self.actor_id, version=version, error=type(exc).__name__)
-            return self._stage_from(source, version)
+            return self._stage_from(source, version, snapshot=snapshot)
 
-    def _stage_from(self, store: DeltaStore, version: int) -> Staged:
-        if self.config.full_sync:  # the full-broadcast baseline: the whole snapshot of every version
-            snapshot = stage_snapshot(store, version, self.target, streams=self.settings.streams,
-                                      verify_manifest=self.verify)
-            self._count_bytes(snapshot.snapshot_bytes)
-            return snapshot
+    def _stage_from(self, store: DeltaStore, version: int, *, snapshot: bool = False) -> Staged:
+        if self.config.full_sync or snapshot:  # full_sync: the full-broadcast baseline, every version's snapshot
+            staged = stage_snapshot(store, version, self.target, streams=self.settings.streams,
+                                    verify_manifest=self.verify)
+            self._count_bytes(staged.snapshot_bytes)
+            return staged
         return stage_version(store, version, self.target, streams=self.settings.streams,
                              on_fetched=self._count_bytes, verify_manifest=self.verify)
 
+    def _size(self, store: DeltaStore, kind: str, version: int) -> int:
+        """Download bytes of a delta or snapshot (manifests are immutable: read once)."""
+        key = (store.url, kind, version)
+        if key not in self._sizes:
+            self._sizes[key] = (store.delta_bytes(version) if kind == "delta"
+                                else read_snapshot_manifest(store, version).total_bytes)
+        return self._sizes[key]
+
+    def _plan_catch_up(self, cause: str) -> CatchUpPlan | None:
+        """Replay or snapshot, by bytes, from the active version to the newest version the bucket holds.
+        ``None`` when there is nothing to decide (not behind, or the bucket does not hold the next version
+        yet). Raises :class:`VersionNotFoundError` when no snapshot or delta chain reaches it."""
+        store = self.sources.store()
+        current = self.target.version
+        deltas = store.versions(after=current)
+        snapshots = [s for s in store.snapshot_versions() if s > current]
+        goal = max(deltas[-1:] + snapshots[-1:], default=None)
+        if goal is None or goal <= current + (1 if cause == "behind" else 0):
+            return None
+        if self._planned == (current, goal) and cause == "behind":
+            return None  # decided already; the stager is carrying it out
+        plan = plan_catch_up(current, goal, {v: self._size(store, "delta", v) for v in deltas if v <= goal},
+                             {s: self._size(store, "snapshot", s) for s in snapshots if s <= goal})
+        self._planned = (current, goal)
+        self.metrics.catch_up.labels(plan.kind, cause).inc()
+        self.plane.log_event("catch_up", actor=self.actor_id, version=current, goal=goal, cause=cause, path=plan.kind,
+                             snapshot=plan.snapshot, deltas=len(plan.deltas), bytes=plan.bytes,
+                             replay_bytes=plan.replay_bytes, bucket=store.url)
+        log.info("catch-up from %d to %d: %s", current, goal, plan.kind,
+                 extra={"cause": cause, "snapshot": plan.snapshot, "bytes": plan.bytes,
+                        "replay_bytes": plan.replay_bytes})
+        return plan
+
+    def _next_to_stage(self, want: int, cause: str) -> tuple[int, bool] | None:
+        """What to stage next: ``(version, is_snapshot)``, or ``None`` to wait."""
+        try:
+            plan = self._plan_catch_up(cause)
+        except VersionNotFoundError as exc:
+            # Neither the chain nor a snapshot reaches the bucket's newest version from here (yet): wait.
+            if self._blocked != self.target.version:  # said once per active version, not every retry
+                self._blocked = self.target.version
+                log.warning("no catch-up path", extra={"error": str(exc), "version": self.target.version})
+                self.plane.log_event("catch_up_blocked", actor=self.actor_id, version=self.target.version,
+                                     cause=cause, error=str(exc)[:200])
+            return None
+        if plan is not None and plan.kind == "snapshot":
+            return plan.snapshot, True
+        if plan is None and cause == "missing":
+            return None  # not in this bucket yet (relay still copying)
+        return want, False
+
     def _stager_loop(self) -> None:
+        missing = False  # the last attempt found the next delta absent from the bucket
         while not self.stopped.is_set():
             with self.lock:
                 want = self.target.version + 1
                 if self.staged is not None or self.known_latest < want:
                     self.lock.wait(0.5)
                     continue
-            self.staging = want
+                behind = self.known_latest > want
+            version, snapshot = want, False
+            if (behind or missing) and not self.config.full_sync:
+                try:
+                    nxt = self._next_to_stage(want, "missing" if missing else "behind")
+                except AuroraError as exc:
+                    log.warning("catch-up planning failed", extra={"error": str(exc)})
+                    nxt = None
+                if nxt is None:  # nothing reachable yet: look again with a fresh listing
+                    missing = False
+                    self.stopped.wait(0.5)
+                    continue
+                version, snapshot = nxt
+            self.staging = version
             self.beat_now.set()
             started = time.perf_counter()
             try:
-                staged = self._stage(want)
+                staged = self._stage(version, snapshot=True) if snapshot else self._stage(version)
                 self.metrics.fetch_seconds.observe(time.perf_counter() - started)
+                missing = False
             except VersionNotFoundError:
-                self.stopped.wait(0.3)  # announced but not in this bucket yet (relay still copying)
+                # Announced but not in this bucket yet (relay still copying), or gone (gc): the next pass
+                # plans from the listing, which tells the two apart.
+                missing = True
+                self.stopped.wait(0.3)
                 continue
             except AuroraError as exc:
                 # Corrupt or tampered input is refused; the weights are untouched. Try again later (a
                 # re-fetch, or the source bucket if the relay is gone).
-                log.error("staging version %d failed", want, extra={"error": str(exc), "kind": type(exc).__name__})
-                self.plane.log_event("stage_failed", actor=self.actor_id, version=want, error=type(exc).__name__)
+                log.error("staging version %d failed", version, extra={"error": str(exc), "kind": type(exc).__name__})
+                self.plane.log_event("stage_failed", actor=self.actor_id, version=version, error=type(exc).__name__)
                 self.stopped.wait(1.0)
                 continue
             finally:
@@ -356,11 +437,23 @@ class Actor:
             # Capacity is measured on full batches only: partial batches are dominated by fixed costs and
             # would make an under-used actor look slow, starving it further.
             self.tokens_per_s = 0.7 * self.tokens_per_s + 0.3 * tokens / elapsed
+        self._throttle(tokens, elapsed)
         share = elapsed / len(batch)
         for lease, group in zip(batch, groups):
             self.plane.send_result(RolloutResult(
                 "result", lease.lease_id, self.actor_id, self.token, version, digest,
                 sum(len(c.ids) for c in group), share, [c.as_dict() for c in group]))
+
+    def _throttle(self, tokens: int, elapsed: float) -> None:
+        """``--throttle-file`` (tests): stretch the batch to the file's tokens/s cap, after the self-measurement."""
+        if not self.config.throttle_file:
+            return
+        try:
+            cap = float(Path(self.config.throttle_file).read_text().strip() or 0)
+        except (OSError, ValueError):
+            return
+        if cap > 0 and tokens / cap > elapsed:
+            time.sleep(min(tokens / cap - elapsed, 300.0))
 
     def _emulate(self, elapsed: float, tokens: int) -> float:
         """Stretch a batch to emulate a slower engine (``--slowdown``, ``--sim-tokens-per-s``)."""
@@ -372,13 +465,14 @@ class Actor:
         return target
 
     def calibrate(self, warm_up: bool = False) -> None:
-        """Measure generation capacity (tokens/s) on one full batch. Done before taking work and again
-        whenever the actor sits idle, so an estimate taken under a transient slowdown does not persist."""
-        prompts = ["1+1="] * self.config.batch_size
+        """Measure generation capacity (tokens/s) once, before taking work. It is only the prior the trainer
+        may use until it has measured this actor's settled work, so it is not repeated when idle: a
+        recalibration blocks the actor for a whole batch, and leases granted meanwhile would wait for it."""
+        prompts = ["1+1="] * min(self.config.batch_size, 8)
         if warm_up:
             self.engine.generate(prompts, 2, 2, 1.0, seed=0)  # first calls pay one-time costs
         started = time.perf_counter()
-        groups = self.engine.generate(prompts, 8, self.config.max_new_tokens or 4, 1.0, seed=1)
+        groups = self.engine.generate(prompts, 4, self.config.max_new_tokens or 4, 1.0, seed=1)
         tokens = sum(len(c.ids) for g in groups for c in g)
         rate = tokens / self._emulate(time.perf_counter() - started, tokens)
         self.tokens_per_s = rate if not self.tokens_per_s else 0.5 * self.tokens_per_s + 0.5 * rate
@@ -417,8 +511,6 @@ class Actor:
                 elif self.queue:
                     with self.lock:  # work for a newer version: wait for staging
                         self.lock.wait(0.1)
-                elif time.monotonic() - self.calibrated_at > 5.0:
-                    self.calibrate()
         except BusError as exc:
             log.error("control plane unreachable", extra={"error": str(exc)})
             return 2

@@ -31,6 +31,8 @@ class ActorConfig:
     sim_tokens_per_s: float | None  # emulate a slower accelerator: generation takes ≥ tokens / rate seconds
     full_sync: bool = False  # baseline: stage every version from its full snapshot instead of its delta
     engine_options: EngineOptions = field(default_factory=EngineOptions)  # --device, vLLM flags
+    throttle_file: str | None = None  # tests: a tokens/s cap read before every batch, hidden from the self-report
+    claim_tokens_per_s: float | None = None  # tests: a boastful actor reports this instead of what it measured
 
 
 def default_engine() -> str:
@@ -72,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--full-sync", action="store_true",
                         help="baseline for benchmarks: stage every version from its full snapshot instead of the delta "
                              "(needs the trainer to run with --snapshot-every 1)")
+    # Scheduling tests: while this file exists, its content (tokens/s) caps generation, and the extra time is
+    # left out of the rate the actor reports about itself: a slowdown it does not see (or a boastful actor).
+    parser.add_argument("--throttle-file", help=argparse.SUPPRESS)
+    parser.add_argument("--claim-tokens-per-s", type=float, help=argparse.SUPPRESS)  # tests: a lying heartbeat
     parser.add_argument("--verify-full-digest", action="store_true",
                         help="after every activation, re-hash all weights from scratch and compare (slow)")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
@@ -95,6 +101,6 @@ def parse_args(argv: list[str] | None = None) -> ActorConfig:
         trainer_public_key=args.trainer_public_key, batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens, slowdown=args.slowdown, seed=args.seed,
         verify_full_digest=args.verify_full_digest, sim_tokens_per_s=args.sim_tokens_per_s,
-        full_sync=args.full_sync,
+        full_sync=args.full_sync, throttle_file=args.throttle_file, claim_tokens_per_s=args.claim_tokens_per_s,
         engine_options=EngineOptions(args.device, args.enforce_eager, args.gpu_memory_utilization,
                                      args.tensor_parallel_size))

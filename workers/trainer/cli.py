@@ -44,6 +44,8 @@ class TrainerConfig:
     compute_dtype: str = "bfloat16"  # FSDP2 param_dtype under torchrun (≥ 2 ranks); one rank computes in fp32
     verify_published_digest: bool = False  # recompute the published weights' digest from scratch every version
     device: str = "auto"  # "auto" (CUDA when available), "cuda" or "cpu": where model, optimizer and step live
+    throughput_ema: float = 0.5  # β: weight of the newest measured settlement in τ_a
+    exclusion_decay: float = 0.5  # α: τ_a multiplier when an actor is excluded from a step
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--epochs", type=int, default=4, help="optimizer updates per batch of rollouts")
     p.add_argument("--clip-eps", type=float, default=0.2)
-    p.add_argument("--kl-coef", type=float, default=0.0, help="KL to the initial policy (0 = off)")
+    p.add_argument("--kl-coef", type=float, default=0.0,
+                   help="β_KL: weight of the k3 KL penalty to a frozen bf16 copy of the initial policy "
+                        "(0 = off: no reference copy, the loss is the clipped surrogate alone)")
     p.add_argument("--snapshot-every", type=int, default=10, help="write a full snapshot every K versions")
     p.add_argument("--checkpoint-dir", required=True, help="local directory for the trainer's own checkpoint")
     p.add_argument("--model", help="HF model directory (default: built-in small Qwen3 + warm start)")
@@ -97,11 +101,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                    help="where the model, optimizer state, GRPO step and delta extraction run (auto: CUDA when "
                         "available; under torchrun each process takes cuda:LOCAL_RANK, FSDP2 over NCCL)")
+    p.add_argument("--throughput-ema", type=float, default=0.5, metavar="β",
+                   help="after each settlement τ_a ← (1−β)·τ_a + β·measured tokens/s (β in (0, 1]; 1 = newest "
+                        "measurement only). Measured by the trainer: tokens of accepted results over the time the "
+                        "actor held its leases")
+    p.add_argument("--exclusion-decay", type=float, default=0.5, metavar="α",
+                   help="τ_a ← α·τ_a when an actor is excluded from a step (α in (0, 1]); the decayed estimate "
+                        "stays until measured settlements raise it")
     return p
 
 
 def parse_args(argv: list[str] | None = None) -> TrainerConfig:
-    a = build_parser().parse_args(argv)
+    p = build_parser()
+    a = p.parse_args(argv)
+    for flag, value in (("--throughput-ema", a.throughput_ema), ("--exclusion-decay", a.exclusion_decay)):
+        if not 0 < value <= 1:
+            p.error(f"{flag} must be in (0, 1], got {value}")
+    if a.kl_coef < 0:
+        p.error(f"--kl-coef must be non-negative, got {a.kl_coef}")
     return TrainerConfig(
         bucket=a.bucket, redis=a.redis, region=a.region, run=a.run, steps=a.steps, batch_size=a.batch_size,
         group_size=a.group_size, lr=a.lr, epochs=a.epochs, clip_eps=a.clip_eps, kl_coef=a.kl_coef,
@@ -111,4 +128,5 @@ def parse_args(argv: list[str] | None = None) -> TrainerConfig:
         segment_bytes=a.segment_bytes, lease_factor=a.lease_factor, initial_lease_s=a.initial_lease_s,
         signing_key=a.signing_key, metrics_port=a.metrics_port, logdir=a.logdir, wandb=a.wandb,
         step_timeout_s=a.step_timeout_s, split=a.split, compute_dtype=a.compute_dtype,
-        verify_published_digest=a.verify_published_digest, device=a.device)
+        verify_published_digest=a.verify_published_digest, throughput_ema=a.throughput_ema,
+        exclusion_decay=a.exclusion_decay, device=a.device)

@@ -2,14 +2,18 @@
 
 Each step: find the eligible actors (on ``v``, or on ``v − 1`` with ``D_v`` staged — those get
 ``Commit(v)``), decay the excluded ones' throughput estimates, split the batch by estimated throughput,
-grant per-prompt leases, then settle results as they arrive. Expired and returned leases go back to the
-pool and are re-granted to whoever is eligible, so a vanished actor costs throughput, never correctness.
+grant per-prompt leases, then settle results as they arrive. Throughput estimates come from settlements:
+every time an actor's hold window closes (see :mod:`aurora_store.sched.ledger`) its measured tokens/s is
+folded into τ_a; the rate an actor reports in its heartbeat is only a capped prior until then. Expired
+and returned leases go back to the pool and are re-granted to whoever is eligible, so a vanished actor
+costs throughput, never correctness.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -95,9 +99,9 @@ class Dispatcher:
 
     def _eligible(self, version: int):
         actors = self.live_actors()
-        for actor_id, state in actors.items():  # τ_a: EMA over the actors' measured capacity
-            if state.tokens_per_s > 0:
-                self.estimator.observe(actor_id, state.tokens_per_s)
+        for actor_id, state in actors.items():  # self-reports: a prior for actors never measured, no more
+            if state.tokens_per_s > 0 and math.isfinite(state.tokens_per_s):
+                self.estimator.report(actor_id, state.tokens_per_s)
         views = {a: ActorView(a, s.active_version, s.staged_version, s.staging_version) for a, s in actors.items()}
         return eligibility(views, version), actors
 
@@ -175,6 +179,7 @@ class Dispatcher:
         self.plane.log_events(settled)  # one round trip for the whole read, not one per result
         self.plane.ack_results([entry_id for entry_id, _, _ in entries])
         expired = ledger.expire(now)
+        self._measure(ledger)
         if expired:
             self.stats.expired += len(expired)
             self.metrics.leases.labels("expired").inc(len(expired))
@@ -188,7 +193,7 @@ class Dispatcher:
         self.stats.results_received += 1
         self.metrics.results.inc()
         if result is not None and result.kind == "return":
-            if ledger.give_back(result.lease_id, result.actor_id):
+            if ledger.give_back(result.lease_id, result.actor_id, arrival):
                 self.stats.returned += 1
                 self.metrics.leases.labels("returned").inc()
             else:
@@ -213,6 +218,15 @@ class Dispatcher:
             prompt=lease.prompt_id if lease else None, accepted=int(verdict.accepted), reason=verdict.reason)))
         if self.on_verdict is not None:
             self.on_verdict(verdict.reason, result, verdict)
+
+    def _measure(self, ledger: StepLedger) -> None:
+        """Fold every settled hold window into the estimates (the paper's EMA after each settlement)."""
+        for m in ledger.take_measurements():
+            estimate = self.estimator.observe_settlement(m)
+            self.metrics.throughput_estimate.labels(m.actor_id).set(estimate)
+            self.plane.log_event("measure", step=ledger.step, actor=m.actor_id, tokens=m.tokens,
+                                 seconds=round(m.seconds, 3), tokens_per_s=round(m.tokens_per_s, 2),
+                                 estimate=round(estimate, 2))
 
     def _regrant(self, ledger: StepLedger) -> None:
         elig, _ = self._eligible(ledger.version)

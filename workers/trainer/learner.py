@@ -8,6 +8,11 @@ whole batch:
     loss_r = (Σ_{tokens of slice r} ℓ) / T · W      ⇒      (1/W) Σ_r ∇loss_r = ∇ (Σ_{all tokens} ℓ) / T
 
 With one rank the scale is exactly 1 and the step is :class:`~workers.rl.grpo.GRPOLearner`'s.
+
+With ``kl_coef > 0`` and a ``reference`` (the frozen bf16 initial policy, sharded like the policy), every
+token's loss gains ``β_KL · k3``, the low-variance estimator of KL(π_θ ‖ π_ref):
+``k3 = exp(ref − new) − (ref − new) − 1`` (non-negative, unbiased). With ``kl_coef == 0`` no reference
+forward runs and the loss is exactly the clipped surrogate.
 """
 
 from __future__ import annotations
@@ -25,10 +30,11 @@ from workers.trainer.ranks import Ranks
 class ShardedLearner:
     """fp32 master weights (sharded or not) + AdamW; one optimizer step per epoch over a batch of rollouts."""
 
-    def __init__(self, model: nn.Module, config: GRPOConfig, ranks: Ranks) -> None:
+    def __init__(self, model: nn.Module, config: GRPOConfig, ranks: Ranks, reference: nn.Module | None = None) -> None:
         self.model = model
         self.config = config
         self.ranks = ranks
+        self.reference = reference if config.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
                                            betas=(0.9, 0.99))
 
@@ -55,10 +61,14 @@ class ShardedLearner:
             old[i, : len(s.old_logprobs)] = torch.tensor(s.old_logprobs, dtype=torch.float32)
         device = _local(next(self.model.parameters())).device  # the step runs where the model lives
         adv, old = advantages[where].to(device), old.to(device)
+        ref = None
+        if self.reference is not None:  # every rank runs it (FSDP collectives), on its own slice
+            with torch.no_grad():
+                ref, _ = token_logprobs(self.reference, mine)
         self.model.train()
         for _ in range(self.config.epochs):
             new, mask = token_logprobs(self.model, mine)
-            local_loss, extra = grpo_loss(new, old, mask, adv, self.config.clip_eps)
+            local_loss, extra = grpo_loss(new, old, mask, adv, self.config.clip_eps, ref, self.config.kl_coef)
             local_tokens = float(mask.sum().clamp(min=1))
             scale = weight * (local_tokens / total_tokens) * self.ranks.world
             loss = local_loss if scale == 1.0 else local_loss * scale

@@ -10,6 +10,7 @@ one rank the model is left as it is (no process group) and the local rows are th
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -91,6 +92,33 @@ class ShardedPolicy:
         """Wrap per-name local tensors (e.g. loaded from a checkpoint) with this rank's row offsets."""
         return {name: LocalRows(name, self.starts[name], tensors[name].to(_local(self.params[name]).device))
                 for name in self.params}
+
+
+def frozen_reference(model: nn.Module, ranks: Ranks, device: torch.device | None = None) -> nn.Module:
+    """A frozen bf16 copy of ``model`` (call it with the initial weights, before the policy is sharded): the
+    reference policy of GRPO's KL term. Every rank gets rank 0's weights; under FSDP the copy is sharded
+    exactly like the policy (every decoder layer and the root), so each rank holds 1/W of a bf16 copy —
+    a quarter of the fp32 master's memory per rank — and its forward all-gathers layer by layer."""
+    reference = copy.deepcopy(model)
+    if ranks.sharded:
+        import torch.distributed as dist
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        with torch.no_grad():
+            for param in reference.parameters():
+                dist.broadcast(param.data, src=0)
+    reference = reference.to(torch.bfloat16)
+    reference.requires_grad_(False)
+    reference.eval()
+    if ranks.sharded:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+        mesh = init_device_mesh((device or torch.device("cpu")).type, (ranks.world,))  # as the policy's
+        for layer in getattr(getattr(reference, "model", None), "layers", []):
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(reference, mesh=mesh, mp_policy=policy)
+    return reference
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:

@@ -39,10 +39,10 @@ from aurora_store.codec.sharding import LocalRows, rows_digest
 from aurora_store.config import TransferSettings
 from aurora_store.errors import AuroraError, ConfigError, DigestMismatchError
 from aurora_store.metrics import Metrics
-from aurora_store.sched import LeasePolicy, Prompt, StepLedger
+from aurora_store.sched import LeasePolicy, Prompt, StepLedger, ThroughputEstimator
 from aurora_store.store import DeltaStore, object_names, open_bucket
 from aurora_store.store.publisher import VersionPublisher, utc_now
-from aurora_store.store.snapshots import read_snapshot_manifest
+from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
 from aurora_store.trust import Signer
 from workers.rl.grpo import GRPOConfig, Sample, StepStats
 from workers.rl.model import DEFAULT_CONFIG, build_model, load_model, load_tokenizer, side_files, warm_start
@@ -53,7 +53,7 @@ from workers.trainer.curves import CurveLogger
 from workers.trainer.device import process_group_backend, resolve_device
 from workers.trainer.dispatch import Dispatcher
 from workers.trainer.learner import ShardedLearner
-from workers.trainer.policy import ShardedPolicy
+from workers.trainer.policy import ShardedPolicy, frozen_reference
 from workers.trainer.publish import PublishOutcome, RankPublisher
 from workers.trainer.ranks import Ranks
 from workers.trainer.snapshot import write_sharded_snapshot
@@ -125,6 +125,7 @@ class Trainer:
                                   config=dict(cfg.__dict__), use_wandb=cfg.wandb) if leader else None
         self.dispatcher = Dispatcher(self.plane, cfg.region, f"trainer-{os.getpid()}",
                                      LeasePolicy(factor=cfg.lease_factor, initial_ms=int(1000 * cfg.initial_lease_s)),
+                                     ThroughputEstimator(beta=cfg.throughput_ema, alpha=cfg.exclusion_decay),
                                      uniform=cfg.split == "uniform", metrics=self.metrics) if leader else None
         self.version = 0
         self.step = 0
@@ -155,9 +156,32 @@ class Trainer:
     def _shard(self) -> None:
         """Shard the (warm-started) model over the ranks and create the optimizer for the shards."""
         self.model.to(self.device)  # after the warm start (done on the host), before sharding and the optimizer
+        reference = self._reference() if self.grpo.kl_coef > 0 else None
         self.policy = ShardedPolicy.shard(self.model, self.layout, self.ranks, compute_dtype=self.config.compute_dtype,
                                           device=self.device)
-        self.learner = ShardedLearner(self.model, self.grpo, self.ranks)
+        self.learner = ShardedLearner(self.model, self.grpo, self.ranks, reference)
+
+    def _reference(self) -> torch.nn.Module:
+        """The KL term's frozen reference: the initial policy, in bf16 (sharded like the policy). On a fresh
+        start that is the model as it is now (after the warm start); on a resume it is version 0's snapshot,
+        which holds exactly the bf16 cast of the initial weights."""
+        if not checkpoint.exists(self.config.checkpoint_dir):
+            return frozen_reference(self.model, self.ranks, self.device)
+        initial = build_model(self.model_config, seed=self.config.seed) if not self.config.model else \
+            load_model(self.config.model, dtype=torch.float32)
+        error = None
+        if self.ranks.leader:
+            try:
+                state, _ = load_snapshot(self.store, 0, self.layout)
+                missing = [n for n in self.layout.train_names if n not in state]
+                if missing:
+                    error = f"snapshot 0 lacks {missing[:4]}"
+                else:
+                    initial.load_state_dict(state, strict=False)
+            except AuroraError as exc:
+                error = f"--kl-coef needs the initial policy (snapshot 0) to resume: {exc}"
+        self.ranks.agree(error, ConfigError)
+        return frozen_reference(initial.to(self.device), self.ranks, self.device)
 
     def _sum_digest(self, rows: dict[str, LocalRows]) -> WeightsDigest:
         """From-scratch digest of published rows: every rank hashes its own, rank 0 adds them up, all learn it."""
@@ -380,7 +404,8 @@ class Trainer:
         self.metrics.reward.set(stats.mean_reward)
         self.curves.log(step, {
             "reward/mean": stats.mean_reward, "loss/policy": stats.loss, "loss/kl": stats.kl,
-            "loss/clip_fraction": stats.clip_fraction, "loss/approx_kl_behaviour": stats.approx_kl_behaviour,
+            "loss/kl_coef": self.grpo.kl_coef, "loss/clip_fraction": stats.clip_fraction,
+            "loss/approx_kl_behaviour": stats.approx_kl_behaviour,
             "loss/grad_norm": stats.grad_norm, "time/generation_wait_s": wait_s, "time/train_s": train_s,
             "time/publish_s": publish_s, "time/makespan_s": record.makespan_s,
             "time/rank_publish_s": record.rank_publish_s, "delta/bytes": delta_bytes, "delta/density": density,
