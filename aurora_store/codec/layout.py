@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from aurora_store.codec import jsondoc
 from aurora_store.errors import LayoutError, UnsupportedDtypeError
 
 LAYOUT_FORMAT = "aurora.layout/1"
@@ -178,12 +179,15 @@ class ModelLayout:
                 offset = 0
                 comps = []
                 for train_name, rows in t["components"]:
-                    comps.append(Component(str(train_name), offset, int(rows)))
-                    offset += int(rows)
-                tensors.append(InferenceTensor(str(t["name"]), tuple(int(d) for d in t["shape"]),
-                                               tuple(comps), str(t["dtype"])))
-            aliases = tuple((str(a), str(b)) for a, b in doc.get("aliases", ()))
-        except (KeyError, TypeError, ValueError) as exc:
+                    rows = jsondoc.integer(rows, "component rows", LayoutError)
+                    comps.append(Component(jsondoc.text(train_name, "component name", LayoutError), offset, rows))
+                    offset += rows
+                shape = tuple(jsondoc.integer(d, "shape dimension", LayoutError) for d in t["shape"])
+                tensors.append(InferenceTensor(jsondoc.text(t["name"], "tensor name", LayoutError), shape,
+                                               tuple(comps), jsondoc.text(t["dtype"], "dtype", LayoutError)))
+            aliases = tuple((jsondoc.text(a, "alias", LayoutError), jsondoc.text(b, "alias", LayoutError))
+                            for a, b in doc.get("aliases", ()))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, LayoutError):
                 raise
             raise LayoutError(f"malformed layout document: {exc}") from exc

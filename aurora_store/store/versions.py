@@ -12,12 +12,12 @@ Invariants kept here:
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
+from aurora_store.codec import jsondoc
 from aurora_store.codec.document import canonical_json
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.manifest import DeltaManifest, SegmentRef
@@ -177,7 +177,8 @@ class DeltaStore:
         except ObjectNotFoundError:
             raise LayoutError(f"layout {fingerprint} is not stored in {self.url}") from None
         try:
-            layout = ModelLayout.from_json(json.loads(data))
+            doc = jsondoc.load_object(data, what=f"layout {fingerprint[:80]}", error=LayoutError)
+            layout = ModelLayout.from_json(doc)
         except ValueError as exc:
             raise LayoutError(f"layout {fingerprint} in {self.url} is malformed: {exc}") from exc
         if layout.fingerprint != fingerprint:
@@ -190,10 +191,12 @@ class DeltaStore:
         self._call(lambda: self.bucket.put(object_names.RUN_INFO, canonical_json(info)))
 
     def run_info(self) -> dict[str, Any] | None:
+        """The run record (advisory, unsigned: never a source of keys or of where to fetch from)."""
         try:
-            return json.loads(self._call(lambda: self.bucket.get(object_names.RUN_INFO)))
+            data = self._call(lambda: self.bucket.get(object_names.RUN_INFO))
         except ObjectNotFoundError:
             return None
+        return jsondoc.load_object(data, what=f"{self.url}/{object_names.RUN_INFO}")
 
     def missing_segments(self, refs: Iterable[SegmentRef]) -> list[SegmentRef]:
         present = set(self.segment_digests())
