@@ -57,6 +57,13 @@ class Bucket(ABC):
     def delete(self, key: str) -> None:
         """Remove an object; absent objects are not an error (deletes are idempotent)."""
 
+    def modified(self, key: str) -> float | None:
+        """When the object was last written (POSIX seconds), or ``None`` if the backend cannot say. Every
+        write, including an idempotent re-put of identical bytes, moves it forward: gc uses it to spare a
+        segment a publisher has just (re)uploaded. :class:`ObjectNotFoundError` if absent."""
+        self.size(key)
+        return None
+
     def exists(self, key: str) -> bool:
         from aurora_store.errors import ObjectNotFoundError
 

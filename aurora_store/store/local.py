@@ -88,6 +88,14 @@ class LocalBucket(Bucket):
             raise ObjectNotFoundError(f"{self.url}/{key} is not an object")
         return st.st_size
 
+    def modified(self, key: str) -> float | None:
+        path = self._path(key)
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"{self.url}/{key} does not exist") from None
+        return st.st_mtime  # a put is a new file renamed into place: a fresh mtime, even for equal bytes
+
     def list(self, prefix: str = "", start_after: str = "") -> list[str]:
         # Walk only the directory that can contain the prefix.
         directory = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root

@@ -129,6 +129,11 @@ class S3Bucket(Bucket):
         head = self._call("stat", key, self.client.head_object, Bucket=self.bucket, Key=self._key(key))
         return int(head["ContentLength"])
 
+    def modified(self, key: str) -> float | None:
+        head = self._call("stat", key, self.client.head_object, Bucket=self.bucket, Key=self._key(key))
+        stamp = head.get("LastModified")
+        return stamp.timestamp() if stamp is not None else None
+
     def list(self, prefix: str = "", start_after: str = "") -> list[str]:
         base = f"{self.prefix}/" if self.prefix else ""
         full, strip = base + prefix, len(base)
