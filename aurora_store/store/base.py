@@ -32,8 +32,9 @@ class Bucket(ABC):
     capabilities: Capabilities
 
     @abstractmethod
-    def get(self, key: str) -> bytes:
-        """The object's bytes."""
+    def get(self, key: str, limit: int | None = None) -> bytes:
+        """The object's bytes; with ``limit``, at most ``limit + 1`` of them (a caller that knows the size
+        it expects reads one byte more and so learns the object is too long without downloading all of it)."""
 
     @abstractmethod
     def put(self, key: str, data: bytes) -> None:

@@ -27,9 +27,10 @@ class MemoryBucket(Bucket):
         # One lock per bucket: create-only writes are check-and-set under it, hence atomic.
         self._lock = _LOCKS.setdefault(name, threading.Lock())
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, limit: int | None = None) -> bytes:
         try:
-            return self._objects[check_key(key)]
+            data = self._objects[check_key(key)]
+            return data if limit is None else data[: limit + 1]
         except KeyError:
             raise ObjectNotFoundError(f"{self.url}/{key} does not exist") from None
 

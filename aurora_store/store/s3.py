@@ -111,10 +111,19 @@ class S3Bucket(Bucket):
         except botocore.exceptions.BotoCoreError as exc:
             raise StoreError(f"{action} s3://{self.bucket}/{key or ''}: {exc}") from None
 
-    def get(self, key: str) -> bytes:
-        response = self._call("read", key, self.client.get_object, Bucket=self.bucket, Key=self._key(key))
+    def get(self, key: str, limit: int | None = None) -> bytes:
+        # With a limit, a ranged GET: the server sends at most limit + 1 bytes, whatever the object's size.
+        extra = {"Range": f"bytes=0-{limit}"} if limit is not None else {}
         try:
-            return response["Body"].read()
+            response = self._call("read", key, self.client.get_object, Bucket=self.bucket, Key=self._key(key),
+                                  **extra)
+        except StoreError as exc:
+            if limit is not None and "InvalidRange" in str(exc):  # an empty object has no byte 0
+                return b""
+            raise
+        try:
+            body = response["Body"]
+            return body.read() if limit is None else body.read(limit + 1)
         except (botocore.exceptions.BotoCoreError, OSError) as exc:
             raise TransientStoreError(f"read s3://{self.bucket}/{self._key(key)}: {exc}") from None
 

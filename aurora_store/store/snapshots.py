@@ -214,7 +214,7 @@ def create_snapshot_manifest(store: DeltaStore, version: int, layout: ModelLayou
 
 def read_snapshot_manifest(store: DeltaStore, version: int) -> SnapshotManifest:
     try:
-        data = store.get_object(object_names.snapshot_manifest(version))
+        data = store.get_document(object_names.snapshot_manifest(version))
     except ObjectNotFoundError:
         raise VersionNotFoundError(f"no snapshot of version {version} in {store.url}") from None
     manifest = SnapshotManifest.from_bytes(data)
@@ -228,7 +228,7 @@ def read_snapshot_file(store: DeltaStore, manifest: SnapshotManifest, name: str)
     if entry is None:
         raise ManifestError(f"snapshot {manifest.version} has no file {name!r}")
     for _ in range(2):  # one re-fetch on mismatch (e.g. a torn read), then give up
-        data = store.get_object(object_names.snapshot_dir(manifest.version) + name)
+        data = store.get_object(object_names.snapshot_dir(manifest.version) + name, entry.size)
         if len(data) == entry.size and hashlib.sha256(data).hexdigest() == entry.sha256:
             return data
     raise IntegrityError(f"snapshot {manifest.version} file {name} in {store.url} does not match its digest")
