@@ -136,8 +136,11 @@ def verify_segment(ref: SegmentRef, data: bytes) -> None:
                                   f"({len(data)} bytes, expected {ref.size})")
 
 
-def decode_segment(layout: ModelLayout, codec: CodecParams, ref: SegmentRef, data: bytes) -> list[DecodedChunk]:
-    """Verify one segment's digest and structure and decode its chunks."""
+def decode_segment(layout: ModelLayout, codec: CodecParams, ref: SegmentRef, data: bytes, *,
+                   check_values: bool = False) -> list[DecodedChunk]:
+    """Verify one segment's digest and structure and decode its chunks. ``check_values`` also checks each
+    value stream's structure (class table, padding, escape words), which staging does when it decodes them
+    against the base; ``verify --deep`` has no base and asks for it here."""
     verify_segment(ref, data)
     parts = unpack(data)
     listed = tuple(ChunkRef(h.tensor, h.lo, h.hi, h.count) for h, _, _ in parts)
@@ -168,6 +171,8 @@ def decode_segment(layout: ModelLayout, codec: CodecParams, ref: SegmentRef, dat
         if int(local[-1]) >= span:
             raise CorruptSegmentError(f"chunk {header.tensor}: index out of range")
         indices = torch.from_numpy(local) + header.lo
+        if check_values:
+            decode_values(np.zeros(header.count, dtype=np.int16), value_raw, header.count, header.value_transform)
         out.append(DecodedChunk(header.tensor, indices, value_raw, header))
     return out
 

@@ -6,6 +6,7 @@ same manifest always has the same bytes and a retried create can be resolved by 
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from aurora_store.errors import FormatError, ManifestError
 
 DELTA_FORMAT = "aurora.delta/1"
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+_FINGERPRINT = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
 
@@ -90,10 +92,25 @@ class DeltaManifest(SignedDocument):
                 WeightsDigest.parse(text)
             except FormatError as exc:
                 raise ManifestError(str(exc)) from exc
+        if not _FINGERPRINT.match(self.layout_fingerprint):
+            raise ManifestError(f"layout_fingerprint is not 'sha256:' + 64 hex digits: "
+                                f"{self.layout_fingerprint[:80]!r}")
+        digests = [seg.digest for seg in self.segments]
+        if len(set(digests)) != len(digests):
+            raise ManifestError("a segment is listed more than once")
         per_tensor: dict[str, int] = {}
+        ranges: dict[str, list[tuple[int, int]]] = {}
         for seg in self.segments:
             for chunk in seg.chunks:
+                if not (0 <= chunk.lo < chunk.hi and 1 <= chunk.count <= chunk.hi - chunk.lo):
+                    raise ManifestError(f"chunk {chunk.tensor[:80]} [{chunk.lo}, {chunk.hi}) cannot hold "
+                                        f"{chunk.count} changed elements")
                 per_tensor[chunk.tensor] = per_tensor.get(chunk.tensor, 0) + chunk.count
+                ranges.setdefault(chunk.tensor, []).append((chunk.lo, chunk.hi))
+        for tensor, spans in ranges.items():
+            spans.sort()
+            if any(nxt[0] < prev[1] for prev, nxt in itertools.pairwise(spans)):
+                raise ManifestError(f"chunks of {tensor[:80]} overlap")
         if per_tensor != {k: v for k, v in self.changed.items() if v}:
             raise ManifestError("per-tensor changed counts do not match the segments' chunks")
 
