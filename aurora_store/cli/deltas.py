@@ -14,8 +14,8 @@ from safetensors.torch import save_file
 from aurora_store.codec import CodecParams, ModelLayout, TensorTarget, digest_state, pieces_from_states
 from aurora_store.codec.digest import WeightsDigest
 from aurora_store.config import CommandDefaults, TransferSettings
-from aurora_store.errors import AuroraError, ConfigError, LayoutError, VersionNotFoundError
-from aurora_store.store import DeltaStore, open_bucket
+from aurora_store.errors import AuroraError, ConfigError, LayoutError, VersionExistsError, VersionNotFoundError
+from aurora_store.store import DeltaStore, object_names, open_bucket
 from aurora_store.store.publisher import VersionPublisher
 from aurora_store.store.replay import replay
 from aurora_store.textfmt import emit_json, human_bytes, table
@@ -102,8 +102,10 @@ def _settings(streams: int | None) -> TransferSettings:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
+    # Preflight: everything that can be refused is refused before the first byte is written to the bucket.
     if args.version < 1 or not 0 <= args.base < args.version:
         raise ConfigError(f"need 0 <= --base < --version, got base {args.base}, version {args.version}")
+    object_names.delta(args.version)  # raises for a version outside the 12-digit range
     old, _ = load_safetensors(args.old)
     new, _ = load_safetensors(args.new)
     if set(old) != set(new):
@@ -116,6 +118,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
     settings = _settings(args.streams)
     store = DeltaStore(open_bucket(args.out, create=True, settings=settings), settings)
     base_digest = digest_state(layout, old)
+    if store.bucket.exists(object_names.delta(args.version)):
+        raise VersionExistsError(f"version {args.version} is already published in {store.url}")
     _check_base_matches_bucket(store, args.base, base_digest, args.old)
     params = CodecParams(segment_bytes=args.segment_bytes, values=args.values,
                          entropy="none" if args.no_entropy else "zstd")
@@ -154,6 +158,11 @@ def _check_base_matches_bucket(store: DeltaStore, base: int, base_digest: Weight
 
 def cmd_patch(args: argparse.Namespace) -> int:
     check = manifest_check(args.public_key, args.run)
+    out = Path(args.out)
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a directory; give a file name")
+    if not out.parent.is_dir():
+        raise ConfigError(f"--out {out}: directory {out.parent} does not exist")
     settings = _settings(args.streams)
     store = DeltaStore(open_bucket(args.bucket, settings=settings), settings)
     manifest = store.manifest(args.version)
@@ -174,10 +183,15 @@ def cmd_patch(args: argparse.Namespace) -> int:
     for alias, source in layout.aliases:  # keep tied tensors tied, as in the input file
         if alias in state:
             state[alias] = state[source]
-    out = Path(args.out)
-    tmp = out.with_name(f".{out.name}.tmp")
-    save_file(state, str(tmp), metadata=metadata or None)
-    os.replace(tmp, out)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        save_file(state, str(tmp), metadata=metadata or None)
+        os.replace(tmp, out)
+    except Exception as exc:  # safetensors raises its own error type for I/O failures
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, AuroraError):
+            raise
+        raise ConfigError(f"cannot write {out}: {exc}") from None
     doc = {"version": args.version, "base_version": base, "applied": [m.version for m in applied],
            "weights_digest": str(target.digest), "out": str(out)}
     if args.json:

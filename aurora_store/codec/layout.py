@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from aurora_store.codec import jsondoc
+from aurora_store.codec.segment import MAX_NAME_BYTES
 from aurora_store.errors import LayoutError, UnsupportedDtypeError
 
 LAYOUT_FORMAT = "aurora.layout/1"
@@ -100,11 +101,15 @@ class ModelLayout:
         for tensor in self.tensors:
             if tensor.dtype not in DTYPES:
                 raise UnsupportedDtypeError(f"{tensor.name}: unsupported dtype {tensor.dtype}")
-            if not tensor.shape or any(d <= 0 for d in tensor.shape):
+            if len(tensor.name.encode()) > MAX_NAME_BYTES:
+                raise LayoutError(f"tensor name of {len(tensor.name.encode())} bytes is longer than the "
+                                  f"{MAX_NAME_BYTES} a segment can carry: {tensor.name[:64]}…")
+            # An empty tensor (a zero dimension) is carried like any other: it simply never changes.
+            if not tensor.shape or any(d < 0 for d in tensor.shape):
                 raise LayoutError(f"{tensor.name}: invalid shape {tensor.shape}")
             expected = 0
             for comp in tensor.components:
-                if comp.row_offset != expected or comp.rows <= 0:
+                if comp.row_offset != expected or comp.rows < 0:
                     raise LayoutError(f"{tensor.name}: components must tile dim 0 in order")
                 expected += comp.rows
             if expected != tensor.shape[0]:

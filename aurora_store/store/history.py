@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from aurora_store.errors import FormatError
 from aurora_store.store import object_names
 from aurora_store.store.versions import DeltaStore
 
@@ -84,7 +85,10 @@ def load(store_or_url: DeltaStore | str) -> pa.Table:
     tables = []
     for key in store.list_objects(object_names.HISTORY):
         if key.endswith(".parquet"):
-            tables.append(pq.read_table(io.BytesIO(store.get_object(key))).cast(SCHEMA))
+            try:
+                tables.append(pq.read_table(io.BytesIO(store.get_object(key))).cast(SCHEMA))
+            except (pa.ArrowException, ValueError) as exc:
+                raise FormatError(f"{store.url}/{key} is not a readable history row: {str(exc)[:200]}") from None
     if not tables:
         return SCHEMA.empty_table()
     table = pa.concat_tables(tables)
