@@ -30,7 +30,8 @@ _DOMAIN = b"aurora-manifest-v1\x00"
 
 
 class Signable(Protocol):
-    signature: object
+    @property
+    def signature(self) -> object: ...
 
     def signing_bytes(self) -> bytes: ...
 

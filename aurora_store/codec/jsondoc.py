@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, NoReturn
 
 from aurora_store.errors import AuroraError, ManifestError
@@ -68,6 +68,7 @@ def _check_depth(doc: Any, max_depth: int, what: str, error: ErrorType) -> None:
     stack = [(doc, 1)]
     while stack:
         node, depth = stack.pop()
+        children: Iterable[Any]
         if isinstance(node, dict):
             children = node.values()
         elif isinstance(node, list):
