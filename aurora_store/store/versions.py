@@ -103,8 +103,9 @@ class DeltaStore:
             # At most size + 1 bytes: a huge object in a segment's place is refused after reading one byte more.
             data = self._call(lambda: self.bucket.get(object_names.segment(ref.digest), ref.size))
             if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.digest:
+                held = f"more than {ref.size}" if len(data) > ref.size else str(len(data))
                 raise IntegrityError(f"segment {ref.digest[:12]}… in {self.url} does not match its digest "
-                                     f"({len(data)} bytes, expected {ref.size})")
+                                     f"({held} bytes, expected {ref.size})")
             return data
 
         attempts = retry.retrying(TransferSettings(retries=1, retry_wait_s=self.settings.retry_wait_s),
