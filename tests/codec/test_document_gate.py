@@ -115,3 +115,13 @@ def test_hostile_bus_messages_are_message_errors():
 def test_gate_never_raises_anything_but_aurora_errors(data):
     with contextlib.suppress(AuroraError):
         DeltaManifest.from_bytes(data if isinstance(data, bytes) else data.encode())
+
+
+def test_hostile_run_log_export_lines_are_format_errors():
+    from aurora_store.errors import FormatError
+    from aurora_store.ops.runlog import decode_entries
+
+    for line in [b'{"id": "1-0", "x": NaN}', b"[" * 300_000, b'{"id": 1e400}', b"\xff\xfe"]:
+        with pytest.raises(FormatError):
+            decode_entries(line + b"\n")
+    assert decode_entries(b'{"id": "1-0", "kind": "x"}\n') == [{"id": "1-0", "kind": "x"}]
