@@ -110,10 +110,12 @@ class Actor:
         info = self._wait_for_run()
         # The fallback bucket comes from this actor's own configuration, never from the (unsigned) run record
         # in the regional bucket, which whoever can write that bucket could point at a bucket of their own.
-        source_url = self.config.source_bucket
         source = None
-        if source_url and source_url != self.regional.url:
-            source = DeltaStore(open_bucket(source_url, settings=self.settings), self.settings)
+        if self.config.source_bucket:
+            source = DeltaStore(open_bucket(self.config.source_bucket, settings=self.settings), self.settings)
+            if source.url == self.regional.url:  # compared as opened: a path and its file:// URL are one bucket
+                source.close()
+                source = None
         self.sources = VersionSources(self.regional, source, self.config.region, info.get("home_region", ""),
                                       self.plane, self.actor_id)
         self.sources.refresh()
