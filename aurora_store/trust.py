@@ -91,11 +91,15 @@ class Signer:
 
 @dataclass(frozen=True)
 class Verifier:
+    """Checks a manifest's signature and, when given a ``run``, that the signed ``producer.run`` names it: one
+    trainer key may sign several runs, and a valid manifest of run B must not be applied in run A."""
+
     public_key: Ed25519PublicKey
+    run: str | None = None
 
     @classmethod
-    def load(cls, spec: str) -> Verifier:
-        return cls(Ed25519PublicKey.from_public_bytes(_read_spec(spec, "trainer public key")))
+    def load(cls, spec: str, run: str | None = None) -> Verifier:
+        return cls(Ed25519PublicKey.from_public_bytes(_read_spec(spec, "trainer public key")), run)
 
     def verify(self, manifest: Signable) -> None:
         """Raise :class:`SignatureError` unless ``manifest`` carries a valid signature of this key."""
@@ -113,8 +117,36 @@ class Verifier:
             self.public_key.verify(raw, _DOMAIN + manifest.signing_bytes())
         except (InvalidSignature, binascii.Error, ValueError):
             raise SignatureError(f"{what}: signature does not match its content") from None
+        if self.run is not None:
+            check_run(manifest, self.run)
 
     __call__ = verify
+
+
+def check_run(manifest: object, run: str) -> None:
+    """Raise :class:`SignatureError` unless ``manifest.producer["run"]`` is ``run`` (FORMAT §4.2)."""
+    producer = getattr(manifest, "producer", None) or {}
+    found = producer.get("run") if isinstance(producer, Mapping) else None
+    if found != run:
+        what = f"{type(manifest).__name__} {getattr(manifest, 'version', '?')}"
+        raise SignatureError(f"{what} belongs to run {str(found)[:80]!r}, not {run!r}")
+
+
+@dataclass(frozen=True)
+class RunCheck:
+    """For a reader given a run but no key: refuse manifests that name another run (not authenticated)."""
+
+    run: str
+
+    def __call__(self, manifest: object) -> None:
+        check_run(manifest, self.run)
+
+
+def manifest_check(public_key: str | None, run: str | None) -> Verifier | RunCheck | None:
+    """The check a reader configured with an optional trainer key and an optional run applies to manifests."""
+    if public_key:
+        return Verifier.load(public_key, run)
+    return RunCheck(run) if run else None
 
 
 def generate_keypair() -> tuple[str, str]:

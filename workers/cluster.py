@@ -129,7 +129,8 @@ class LocalCluster:
         if actor_id not in self.actor_ids:
             self.actor_ids.append(actor_id)
         return self.group.start(f"actor-{actor_id}", "workers.actor", [*self._metrics_args(f"actor-{actor_id}"),
-            "--bucket", self.buckets[region], "--region", region, "--id", actor_id, "--engine", self.spec.engine,
+            "--bucket", self.buckets[region], "--source-bucket", self.buckets[self.spec.home], "--region", region,
+            "--id", actor_id, "--engine", self.spec.engine,
             "--cache-dir", str(self.run_dir / "cache" / actor_id), *self.common, *self.trust_args,
             *self.spec.actor_args, *(extra or [])], env=env)
 

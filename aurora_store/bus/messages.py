@@ -8,10 +8,12 @@ malformed input raises :class:`MessageError`.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
+from aurora_store.codec import jsondoc
 from aurora_store.errors import MessageError
 
 
@@ -31,10 +33,13 @@ def _coerce(cls, raw: Mapping[str, str]):
                 kwargs[f.name] = int(value)
             elif kind.startswith("float"):
                 kwargs[f.name] = float(value)
+                if not math.isfinite(kwargs[f.name]):
+                    raise ValueError("not a finite number")
             elif kind.startswith("bool"):
                 kwargs[f.name] = value in ("1", "true", "True")
             elif kind.startswith(("dict", "list", "Mapping")):
-                kwargs[f.name] = json.loads(value) if isinstance(value, str) else value
+                kwargs[f.name] = (jsondoc.loads(value, what=f"{cls.__name__}.{f.name}", error=MessageError)
+                                  if isinstance(value, str) else value)
             else:
                 kwargs[f.name] = value
         except (TypeError, ValueError) as exc:

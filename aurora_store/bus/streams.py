@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, cast
 import redis
 
 from aurora_store.bus.client import BLOCK_MS
+from aurora_store.codec import jsondoc
+from aurora_store.errors import MessageError
 
 if TYPE_CHECKING:
     from redis.typing import EncodableT, FieldT, KeyT, StreamIdT
@@ -34,7 +36,7 @@ class Entry:
         return int(self.id.split("-", 1)[0])
 
     def json(self, field: str = "data") -> Any:
-        return json.loads(self.fields[field])
+        return jsondoc.loads(self.fields[field], what=f"{self.stream} entry {self.id}", error=MessageError)
 
 
 def decode(value: Any) -> str:

@@ -13,12 +13,13 @@ from safetensors.torch import save_file
 
 from aurora_store.codec import CodecParams, ModelLayout, TensorTarget, digest_state, pieces_from_states
 from aurora_store.codec.digest import WeightsDigest
-from aurora_store.config import TransferSettings
-from aurora_store.errors import AuroraError, ConfigError, LayoutError, VersionNotFoundError
-from aurora_store.store import DeltaStore, open_bucket
+from aurora_store.config import CommandDefaults, TransferSettings
+from aurora_store.errors import AuroraError, ConfigError, LayoutError, VersionExistsError, VersionNotFoundError
+from aurora_store.store import DeltaStore, object_names, open_bucket
 from aurora_store.store.publisher import VersionPublisher
 from aurora_store.store.replay import replay
 from aurora_store.textfmt import emit_json, human_bytes, table
+from aurora_store.trust import Signer, manifest_check
 
 DIFF_EPILOG = """examples:
   aurora diff step4.safetensors step5.safetensors --out ./bucket --version 5 --base 4 --config config.json
@@ -34,6 +35,7 @@ LOG_EPILOG = """examples:
 
 def register(sub: argparse._SubParsersAction) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
+    env = CommandDefaults.from_env()
     diff = sub.add_parser("diff", help="write the delta NEW - OLD as version V into a bucket",
                           description="Encode the changed bf16/fp16 elements of NEW relative to OLD and publish "
                                       "them as version V (based on B) into DIR_OR_URL.",
@@ -48,6 +50,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     diff.add_argument("--values", choices=["delta16", "raw"], default="delta16")
     diff.add_argument("--no-entropy", action="store_true", help="skip the zstd stage")
     diff.add_argument("--streams", type=int, help="parallel upload streams (default AURORA_STREAMS or 4)")
+    diff.add_argument("--signing-key", default=env.signing_key,
+                      help="trainer's Ed25519 signing key (file or base64; default AURORA_SIGNING_KEY): sign the "
+                           "manifest")
+    diff.add_argument("--run", default=env.run,
+                      help="run name recorded (and signed) in the manifest's producer (default AURORA_RUN)")
     diff.add_argument("--json", action="store_true", help="print one JSON object")
     diff.set_defaults(handler=cmd_diff)
 
@@ -60,6 +67,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     patch.add_argument("--base", type=int, help="version of --base-file (default: V's declared base)")
     patch.add_argument("--out", required=True, help="output .safetensors")
     patch.add_argument("--streams", type=int)
+    patch.add_argument("--public-key", default=env.trainer_public_key,
+                       help="trainer's Ed25519 public key (file or base64; default AURORA_TRAINER_PUBLIC_KEY): every "
+                            "manifest applied must be signed by it, checked before any segment is fetched")
+    patch.add_argument("--run", default=env.run,
+                       help="refuse manifests whose producer names another run (default AURORA_RUN)")
     patch.add_argument("--json", action="store_true")
     patch.set_defaults(handler=cmd_patch)
 
@@ -90,8 +102,10 @@ def _settings(streams: int | None) -> TransferSettings:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
+    # Preflight: everything that can be refused is refused before the first byte is written to the bucket.
     if args.version < 1 or not 0 <= args.base < args.version:
         raise ConfigError(f"need 0 <= --base < --version, got base {args.base}, version {args.version}")
+    object_names.delta(args.version)  # raises for a version outside the 12-digit range
     old, _ = load_safetensors(args.old)
     new, _ = load_safetensors(args.new)
     if set(old) != set(new):
@@ -100,15 +114,19 @@ def cmd_diff(args: argparse.Namespace) -> int:
     layout = ModelLayout.from_config_file(args.config) if args.config else ModelLayout.identity(old)
     layout.check_state(old)
     layout.check_state(new)
+    sign = Signer.load(args.signing_key) if args.signing_key else None
     settings = _settings(args.streams)
     store = DeltaStore(open_bucket(args.out, create=True, settings=settings), settings)
     base_digest = digest_state(layout, old)
+    if store.bucket.exists(object_names.delta(args.version)):
+        raise VersionExistsError(f"version {args.version} is already published in {store.url}")
     _check_base_matches_bucket(store, args.base, base_digest, args.old)
     params = CodecParams(segment_bytes=args.segment_bytes, values=args.values,
                          entropy="none" if args.no_entropy else "zstd")
-    publisher = VersionPublisher(store, layout, params, settings.streams,
-                                 producer={"tool": "aurora diff", "old": os.path.basename(args.old),
-                                           "new": os.path.basename(args.new)})
+    producer = {"tool": "aurora diff", "old": os.path.basename(args.old), "new": os.path.basename(args.new)}
+    if args.run:
+        producer["run"] = args.run
+    publisher = VersionPublisher(store, layout, params, settings.streams, producer=producer, sign=sign)
     report = publisher.publish(args.version, args.base, base_digest, pieces_from_states(layout, old, new))
     m = report.manifest
     doc = {"version": m.version, "base_version": m.base_version, "changed": m.changed_total,
@@ -139,27 +157,41 @@ def _check_base_matches_bucket(store: DeltaStore, base: int, base_digest: Weight
 
 
 def cmd_patch(args: argparse.Namespace) -> int:
+    check = manifest_check(args.public_key, args.run)
+    out = Path(args.out)
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a directory; give a file name")
+    if not out.parent.is_dir():
+        raise ConfigError(f"--out {out}: directory {out.parent} does not exist")
     settings = _settings(args.streams)
     store = DeltaStore(open_bucket(args.bucket, settings=settings), settings)
     manifest = store.manifest(args.version)
-    layout = store.layout(manifest.layout_fingerprint)
     base = manifest.base_version if args.base is None else args.base
     if not 0 <= base < args.version:
         raise ConfigError(f"--base must be below {args.version}, got {base}")
+    if check is not None:  # every manifest of the chain, before its layout or any segment is fetched
+        for version in range(base + 1, args.version + 1):
+            check(store.manifest(version))
+    layout = store.layout(manifest.layout_fingerprint)
     state, metadata = load_safetensors(args.base_file)
     extra = set(state) - set(layout.train_names) - {a for a, _ in layout.aliases}
     if extra:
         raise LayoutError(f"{args.base_file} holds tensors the delta's layout does not: {sorted(extra)[:8]}")
     target = TensorTarget.from_state(layout, {n: state[n] for n in layout.train_names}, version=base)
     applied = replay(store, target, range(base + 1, args.version + 1), streams=settings.streams,
-                     progress=sys.stderr.isatty())
+                     progress=sys.stderr.isatty(), verify_manifest=check)
     for alias, source in layout.aliases:  # keep tied tensors tied, as in the input file
         if alias in state:
             state[alias] = state[source]
-    out = Path(args.out)
-    tmp = out.with_name(f".{out.name}.tmp")
-    save_file(state, str(tmp), metadata=metadata or None)
-    os.replace(tmp, out)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        save_file(state, str(tmp), metadata=metadata or None)
+        os.replace(tmp, out)
+    except Exception as exc:  # safetensors raises its own error type for I/O failures
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, AuroraError):
+            raise
+        raise ConfigError(f"cannot write {out}: {exc}") from None
     doc = {"version": args.version, "base_version": base, "applied": [m.version for m in applied],
            "weights_digest": str(target.digest), "out": str(out)}
     if args.json:

@@ -88,6 +88,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     gc.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
     gc.add_argument("--prune-orphans", action="store_true",
                     help="also delete segments no manifest names (only while no trainer publishes)")
+    gc.add_argument("--grace", type=float, default=600.0, metavar="SECONDS",
+                    help="never delete a segment written less than this long ago: a publish in progress may be "
+                         "reusing it (default 600; a publish must finish within it)")
     gc.add_argument("--list", action="store_true", help="print every key deleted, not just the summary")
     gc.add_argument("--json", action="store_true", help="print one JSON object")
     gc.set_defaults(handler=cmd_gc)
@@ -154,7 +157,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
     try:
         report = collect_garbage(_store(args.bucket), args.keep_snapshots, dry_run=args.dry_run,
-                                 prune_orphans=args.prune_orphans)
+                                 prune_orphans=args.prune_orphans, grace_s=args.grace)
     except GcRefusedError as exc:
         if args.json:
             emit_json({"ok": False, "refused": True, "message": str(exc),

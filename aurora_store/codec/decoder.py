@@ -24,7 +24,7 @@ from aurora_store.codec.digest import WeightsDigest, hash_elements
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.manifest import ChunkRef, DeltaManifest, SegmentRef
 from aurora_store.codec.params import CodecParams
-from aurora_store.codec.segment import ChunkHeader, Entropy, unpack
+from aurora_store.codec.segment import ChunkHeader, Entropy, ValueTransform, unpack
 from aurora_store.codec.target import WeightTarget
 from aurora_store.codec.values import decode_values
 from aurora_store.errors import (
@@ -136,8 +136,11 @@ def verify_segment(ref: SegmentRef, data: bytes) -> None:
                                   f"({len(data)} bytes, expected {ref.size})")
 
 
-def decode_segment(layout: ModelLayout, codec: CodecParams, ref: SegmentRef, data: bytes) -> list[DecodedChunk]:
-    """Verify one segment's digest and structure and decode its chunks."""
+def decode_segment(layout: ModelLayout, codec: CodecParams, ref: SegmentRef, data: bytes, *,
+                   check_values: bool = False) -> list[DecodedChunk]:
+    """Verify one segment's digest and structure and decode its chunks. ``check_values`` also checks each
+    value stream's structure (class table, padding, escape words), which staging does when it decodes them
+    against the base; ``verify --deep`` has no base and asks for it here."""
     verify_segment(ref, data)
     parts = unpack(data)
     listed = tuple(ChunkRef(h.tensor, h.lo, h.hi, h.count) for h, _, _ in parts)
@@ -153,6 +156,7 @@ def decode_segment(layout: ModelLayout, codec: CodecParams, ref: SegmentRef, dat
         if header.value_transform != codec.value_transform or not (
                 codec.allows(header.index_entropy) and codec.allows(header.value_entropy)):
             raise CorruptSegmentError(f"chunk {header.tensor} uses codecs the manifest does not declare")
+        check_raw_lengths(header, codec)
         index_raw = _inflate(decompressor, header.index_entropy, index_stream, header.index_raw_len)
         value_raw = _inflate(decompressor, header.value_entropy, value_stream, header.value_raw_len)
         gaps = leb128.decode(index_raw, header.count)
@@ -167,6 +171,8 @@ def decode_segment(layout: ModelLayout, codec: CodecParams, ref: SegmentRef, dat
         if int(local[-1]) >= span:
             raise CorruptSegmentError(f"chunk {header.tensor}: index out of range")
         indices = torch.from_numpy(local) + header.lo
+        if check_values:
+            decode_values(np.zeros(header.count, dtype=np.int16), value_raw, header.count, header.value_transform)
         out.append(DecodedChunk(header.tensor, indices, value_raw, header))
     return out
 
@@ -256,15 +262,53 @@ def apply_delta(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterabl
     activate(stage(manifest, segments, target), target)
 
 
+def check_raw_lengths(header: ChunkHeader, codec: CodecParams) -> None:
+    """Bound a chunk's declared raw lengths by its ``count`` before anything is allocated (FORMAT §3.1–3.3).
+
+    ``count`` itself is bounded by the chunk's range (checked by :func:`unpack`), the tensor and the codec's
+    chunk size; the index stream holds ``count`` LEB128 values of 1–9 bytes; the value stream is exactly
+    ``2·count`` bytes (RAW) or its class table plus at most one side bit and one escaped word per element
+    (DELTA16). Nothing is decompressed or allocated from a length that fails these bounds.
+    """
+    n = header.count
+    if n > codec.max_changed_per_chunk:
+        raise CorruptSegmentError(f"chunk {header.tensor}: {n} values exceed the codec's "
+                                  f"{codec.max_changed_per_chunk} per chunk")
+    if not n <= header.index_raw_len <= leb128.MAX_BYTES * n:
+        raise CorruptSegmentError(f"chunk {header.tensor}: index raw length {header.index_raw_len} is "
+                                  f"impossible for {n} values")
+    if header.value_transform == ValueTransform.RAW:
+        low = high = 2 * n
+    else:
+        low = (n + 3) // 4
+        high = low + (n + 7) // 8 + 2 * n
+    if not low <= header.value_raw_len <= high:
+        raise CorruptSegmentError(f"chunk {header.tensor}: value raw length {header.value_raw_len} is "
+                                  f"impossible for {n} values")
+
+
 def _inflate(decompressor: zstandard.ZstdDecompressor, entropy: Entropy, stream: memoryview, raw_len: int) -> bytes:
+    """The raw bytes of one stream, never more than ``raw_len`` (already bounded by the chunk's count)."""
     if entropy == Entropy.NONE:
         if len(stream) != raw_len:
             raise CorruptSegmentError(f"raw stream of {len(stream)} bytes, expected {raw_len}")
         return bytes(stream)
+    data = bytes(stream)
     try:
-        raw = decompressor.decompress(bytes(stream), max_output_size=raw_len)
+        # The frame must declare its content size (FORMAT §3.3) and it must be the raw length: zstd sizes its
+        # output buffer from the declared size, so a frame claiming 1 GiB is refused before allocating it.
+        declared = zstandard.frame_content_size(data)
     except zstandard.ZstdError as exc:
         raise CorruptSegmentError(f"zstd stream is corrupt: {exc}") from exc
+    if declared != raw_len:
+        what = "no content size" if declared < 0 else f"{declared} bytes"
+        raise CorruptSegmentError(f"zstd frame declares {what}, chunk header says {raw_len}")
+    try:
+        raw = decompressor.decompress(data, max_output_size=raw_len, allow_extra_data=False)
+    except zstandard.ZstdError as exc:
+        raise CorruptSegmentError(f"zstd stream is corrupt: {exc}") from exc
+    except MemoryError:
+        raise CorruptSegmentError(f"zstd stream of {raw_len} raw bytes does not fit in memory") from None
     if len(raw) != raw_len:
         raise CorruptSegmentError(f"zstd stream inflates to {len(raw)} bytes, expected {raw_len}")
     return raw

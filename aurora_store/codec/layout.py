@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from aurora_store.codec import jsondoc
+from aurora_store.codec.segment import MAX_NAME_BYTES
 from aurora_store.errors import LayoutError, UnsupportedDtypeError
 
 LAYOUT_FORMAT = "aurora.layout/1"
@@ -99,11 +101,15 @@ class ModelLayout:
         for tensor in self.tensors:
             if tensor.dtype not in DTYPES:
                 raise UnsupportedDtypeError(f"{tensor.name}: unsupported dtype {tensor.dtype}")
-            if not tensor.shape or any(d <= 0 for d in tensor.shape):
+            if len(tensor.name.encode()) > MAX_NAME_BYTES:
+                raise LayoutError(f"tensor name of {len(tensor.name.encode())} bytes is longer than the "
+                                  f"{MAX_NAME_BYTES} a segment can carry: {tensor.name[:64]}…")
+            # An empty tensor (a zero dimension) is carried like any other: it simply never changes.
+            if not tensor.shape or any(d < 0 for d in tensor.shape):
                 raise LayoutError(f"{tensor.name}: invalid shape {tensor.shape}")
             expected = 0
             for comp in tensor.components:
-                if comp.row_offset != expected or comp.rows <= 0:
+                if comp.row_offset != expected or comp.rows < 0:
                     raise LayoutError(f"{tensor.name}: components must tile dim 0 in order")
                 expected += comp.rows
             if expected != tensor.shape[0]:
@@ -178,12 +184,15 @@ class ModelLayout:
                 offset = 0
                 comps = []
                 for train_name, rows in t["components"]:
-                    comps.append(Component(str(train_name), offset, int(rows)))
-                    offset += int(rows)
-                tensors.append(InferenceTensor(str(t["name"]), tuple(int(d) for d in t["shape"]),
-                                               tuple(comps), str(t["dtype"])))
-            aliases = tuple((str(a), str(b)) for a, b in doc.get("aliases", ()))
-        except (KeyError, TypeError, ValueError) as exc:
+                    rows = jsondoc.integer(rows, "component rows", LayoutError)
+                    comps.append(Component(jsondoc.text(train_name, "component name", LayoutError), offset, rows))
+                    offset += rows
+                shape = tuple(jsondoc.integer(d, "shape dimension", LayoutError) for d in t["shape"])
+                tensors.append(InferenceTensor(jsondoc.text(t["name"], "tensor name", LayoutError), shape,
+                                               tuple(comps), jsondoc.text(t["dtype"], "dtype", LayoutError)))
+            aliases = tuple((jsondoc.text(a, "alias", LayoutError), jsondoc.text(b, "alias", LayoutError))
+                            for a, b in doc.get("aliases", ()))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, LayoutError):
                 raise
             raise LayoutError(f"malformed layout document: {exc}") from exc

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from aurora_store.codec import jsondoc
 from aurora_store.codec.segment import Entropy, ValueTransform
 from aurora_store.errors import CodecError, ManifestError
 
@@ -62,10 +63,11 @@ class CodecParams:
     def from_json(cls, doc: Mapping[str, Any]) -> CodecParams:
         try:
             if doc.get("index", "leb128-gaps") != "leb128-gaps":
-                raise ManifestError(f"unknown index codec {doc.get('index')!r}")
-            return cls(int(doc["segment_bytes"]), str(doc["values"]), str(doc["entropy"]),
-                       int(doc["zstd_level"]))
-        except (KeyError, TypeError, ValueError) as exc:
+                raise ManifestError(f"unknown index codec {str(doc.get('index'))[:80]!r}")
+            return cls(jsondoc.integer(doc["segment_bytes"], "codec segment_bytes"),
+                       jsondoc.text(doc["values"], "codec values"), jsondoc.text(doc["entropy"], "codec entropy"),
+                       jsondoc.integer(doc["zstd_level"], "codec zstd_level"))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, ManifestError):
                 raise
             raise ManifestError(f"malformed codec parameters: {exc}") from exc

@@ -151,6 +151,8 @@ def merge_parts(layout: ModelLayout, parts: Sequence[DeltaPart]) -> DeltaPart:
     for tensor in layout.tensors:
         covered = 0
         for lo, hi in sorted(by_tensor.pop(tensor.name, [])):
+            if hi == lo == covered == tensor.numel:  # an empty tensor: covered by its empty piece
+                continue
             if lo != covered or hi <= lo:
                 raise LayoutError(f"{tensor.name}: parts cover [{lo}, {hi}) after {covered}: overlap or gap")
             covered = hi

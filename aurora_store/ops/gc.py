@@ -24,6 +24,16 @@ snapshot files and segments they named, then layouts. A reader therefore never l
 objects are gone (one that read a manifest just before it was deleted may still fail to fetch; it
 re-plans from the listing, as after any failed fetch).
 
+Racing a publish. Segments are content-addressed, so a version published while gc runs may name a segment
+gc planned to delete (identical bytes as an old version's). Three rules keep every committed manifest
+complete: (1) right before deleting segments gc re-lists the delta manifests and spares every segment named
+by one created after its plan; (2) it spares every segment written (or re-written) less than ``grace_s``
+before the plan was made — a publisher re-puts every segment it uses, reused or not, so a publish in
+progress always looks young (publishing must finish within the grace period; 10 minutes by default);
+(3) the publisher checks that all its segments exist right before creating its manifest
+(:meth:`~aurora_store.store.publisher.VersionPublisher.publish_parts`), so a segment deleted earlier makes
+the publish fail instead of committing an incomplete version.
+
 Relays re-copy what their region lacks from the source listing, so collect the source bucket first and
 the regional buckets after. On a live run keep at least two snapshots: an actor that falls behind the
 oldest kept snapshot can only catch up by loading a snapshot.
@@ -31,20 +41,26 @@ oldest kept snapshot can only catch up by loading a snapshot.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import time
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from aurora_store.errors import ConfigError, GcRefusedError, VersionNotFoundError
+from aurora_store.errors import ConfigError, FormatError, GcRefusedError, ObjectNotFoundError, VersionNotFoundError
 from aurora_store.ops.inventory import Inventory, delete_object, object_size, parallel_map, read_inventory
 from aurora_store.ops.problems import Problem
 from aurora_store.ops.verify import check_inventory
-from aurora_store.store import object_names
+from aurora_store.store import object_names, retry
 from aurora_store.store.versions import DeltaStore
 
 Kind = Literal["snapshot_manifest", "delta_manifest", "snapshot_file", "segment", "orphan_segment", "layout"]
 #: The order deletions run in (see the module docstring for why).
 ORDER: tuple[Kind, ...] = ("snapshot_manifest", "delta_manifest", "snapshot_file", "segment", "orphan_segment",
                            "layout")
+#: Segments written less than this long before the plan are never deleted (a publish may be using them).
+DEFAULT_GRACE_S = 600.0
+
+log = logging.getLogger("aurora.gc")
 
 
 
@@ -73,6 +89,7 @@ class GcPlan:
     deletions: tuple[Deletion, ...]
     orphan_segments: tuple[str, ...]
     prune_orphans: bool
+    planned_at: float = field(default_factory=time.time)  # POSIX time before the inventory was read
 
     @property
     def bytes_freed(self) -> int:
@@ -87,6 +104,7 @@ class GcReport:
     plan: GcPlan
     dry_run: bool
     deleted: int
+    spared: tuple[str, ...] = ()  # planned segment keys kept: named by a newer manifest, or written recently
 
     def to_json(self) -> dict[str, Any]:
         p = self.plan
@@ -94,7 +112,8 @@ class GcReport:
                 "retained_snapshots": list(p.retained_snapshots), "kept_deltas": _range_json(p.kept_deltas),
                 "removed_snapshots": list(p.removed_snapshots), "removed_deltas": list(p.removed_deltas),
                 "deletions": [d.to_json() for d in p.deletions], "orphan_segments": list(p.orphan_segments),
-                "prune_orphans": p.prune_orphans, "bytes_freed": p.bytes_freed, "deleted": self.deleted}
+                "prune_orphans": p.prune_orphans, "bytes_freed": p.bytes_freed, "deleted": self.deleted,
+                "spared": list(self.spared)}
 
 
 def plan_gc(store: DeltaStore | str, keep_snapshots: int, *, prune_orphans: bool = False) -> GcPlan:
@@ -104,6 +123,7 @@ def plan_gc(store: DeltaStore | str, keep_snapshots: int, *, prune_orphans: bool
     if keep_snapshots < 1:
         raise ConfigError(f"--keep-snapshots must be at least 1, got {keep_snapshots}")
     store = DeltaStore(store) if isinstance(store, str) else store
+    planned_at = time.time()
     inv = read_inventory(store)
     if inv.empty:
         raise VersionNotFoundError(f"{store.url} holds no delta or snapshot manifests: is the URL right?")
@@ -125,11 +145,11 @@ def plan_gc(store: DeltaStore | str, keep_snapshots: int, *, prune_orphans: bool
         deletions += [Deletion(object_names.segment(d), s or 0, "orphan_segment") for d, s in zip(orphans, sizes)]
     deletions.sort(key=lambda d: ORDER.index(d.kind))  # stable: keeps version order within a kind
     return GcPlan(store.url, keep_snapshots, tuple(retained), kept_deltas, removed_snapshots, removed_deltas,
-                  tuple(deletions), orphans, prune_orphans)
+                  tuple(deletions), orphans, prune_orphans, planned_at)
 
 
 def collect_garbage(store: DeltaStore | str, keep_snapshots: int, *, dry_run: bool = False,
-                    prune_orphans: bool = False) -> GcReport:
+                    prune_orphans: bool = False, grace_s: float = DEFAULT_GRACE_S) -> GcReport:
     """Plan, then (unless ``dry_run``) delete in the safe order. An interrupted gc leaves a consistent
     bucket: running it again finishes the manifests and snapshot files; segments whose manifests were
     already gone are orphans by then, which ``prune_orphans`` removes (when no trainer is publishing)."""
@@ -137,10 +157,62 @@ def collect_garbage(store: DeltaStore | str, keep_snapshots: int, *, dry_run: bo
     plan = plan_gc(store, keep_snapshots, prune_orphans=prune_orphans)
     if dry_run:
         return GcReport(plan, True, 0)
+    return execute_plan(store, plan, grace_s=grace_s)
+
+
+def execute_plan(store: DeltaStore, plan: GcPlan, *, grace_s: float = DEFAULT_GRACE_S) -> GcReport:
+    """Carry out ``plan`` (see the module docstring for the order and for what is spared)."""
+    if grace_s < 0:
+        raise ConfigError(f"grace period must be >= 0 seconds, got {grace_s}")
+    deleted = 0
+    spared: list[str] = []
     for kind in ORDER:  # one kind at a time: a kind starts only once the previous one is fully deleted
         batch = plan.of_kind(kind)
+        if kind in ("segment", "orphan_segment"):
+            removed, kept = _delete_unused_segments(store, plan, batch, grace_s) if batch else ((), [])
+            spared += kept
+            deleted += len(removed)
+            continue
         parallel_map(store, lambda d: delete_object(store, d.key), batch)
-    return GcReport(plan, False, len(plan.deletions))
+        deleted += len(batch)
+    if spared:
+        log.info("gc spared %d segment(s) a newer or in-progress publish uses", len(spared))
+    return GcReport(plan, False, deleted, tuple(spared))
+
+
+def _delete_unused_segments(store: DeltaStore, plan: GcPlan, batch: tuple[Deletion, ...],
+                            grace_s: float) -> tuple[tuple[Deletion, ...], list[str]]:
+    """Delete the part of ``batch`` that no manifest created after the plan names and that no publisher wrote
+    recently; returns ``(deleted, spared keys)``."""
+    known = set(plan.kept_deltas) | set(plan.removed_deltas)
+    in_use: set[str] = set()
+    for version in store.versions():
+        if version in known:
+            continue
+        try:
+            manifest = DeltaStore(store.bucket, store.settings).manifest(version)
+        except (FormatError, ObjectNotFoundError):
+            # A new manifest we cannot read may name any segment: delete none this time.
+            return (), [d.key for d in batch]
+        in_use |= {object_names.segment(ref.digest) for ref in manifest.segments}
+    cutoff = plan.planned_at - grace_s
+
+    def delete_if_old(deletion: Deletion) -> bool:
+        # Checked and deleted in one step per object, so the gap a concurrent re-put could slip into is one
+        # request long, and the publisher's own check before its manifest covers the rest.
+        try:
+            stamp = retry.call(store.settings, lambda: store.bucket.modified(deletion.key))
+        except ObjectNotFoundError:
+            return True
+        if stamp is not None and stamp >= cutoff:
+            return False
+        delete_object(store, deletion.key)
+        return True
+
+    candidates = [d for d in batch if d.key not in in_use]
+    done = parallel_map(store, delete_if_old, candidates)
+    deleted = {d.key for d, ok in zip(candidates, done) if ok}
+    return tuple(d for d in batch if d.key in deleted), [d.key for d in batch if d.key not in deleted]
 
 
 def _check_kept_chain(store: DeltaStore, inv: Inventory, oldest: int | None) -> None:

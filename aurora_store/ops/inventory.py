@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from aurora_store.codec.manifest import DeltaManifest
-from aurora_store.errors import FormatError, ObjectNotFoundError
+from aurora_store.errors import FormatError, ObjectNotFoundError, StoreError
 from aurora_store.ops.problems import Problem
 from aurora_store.store import object_names, retry
 from aurora_store.store.snapshots import SnapshotManifest
@@ -121,9 +121,11 @@ def read_inventory(store: DeltaStore) -> Inventory:
     def read_delta(version: int) -> tuple[int, DeltaManifest | None, int, Problem | None]:
         key = object_names.delta(version)
         try:
-            data = store.get_object(key)
+            data = store.get_document(key)
         except ObjectNotFoundError:  # deleted since the listing (e.g. a concurrent gc)
             return version, None, 0, None
+        except (FormatError, StoreError) as exc:  # oversized, or not a regular file
+            return version, None, 0, Problem("manifest_malformed", f"{key} cannot be read: {exc}", version, key)
         try:
             manifest = DeltaManifest.from_bytes(data)
         except FormatError as exc:
@@ -137,9 +139,11 @@ def read_inventory(store: DeltaStore) -> Inventory:
     def read_snapshot(version: int) -> tuple[int, SnapshotManifest | None, Problem | None]:
         key = object_names.snapshot_manifest(version)
         try:
-            data = store.get_object(key)
+            data = store.get_document(key)
         except ObjectNotFoundError:
             return version, None, None
+        except (FormatError, StoreError) as exc:
+            return version, None, Problem("snapshot_malformed", f"{key} cannot be read: {exc}", version, key)
         try:
             manifest = SnapshotManifest.from_bytes(data)
         except FormatError as exc:

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from aurora_store.bus import ControlPlane
+from aurora_store.codec import jsondoc
 from aurora_store.errors import FormatError
 from aurora_store.store.versions import DeltaStore
 
@@ -41,13 +42,14 @@ def encode_entries(entries: Iterable[Mapping[str, str]]) -> bytes:
 
 def decode_entries(data: bytes, source: str = "run log") -> list[dict[str, str]]:
     out = []
-    for n, line in enumerate(data.decode().splitlines(), start=1):
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"{source} is not UTF-8: {exc}") from None
+    for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            entry = json.loads(line)
-        except ValueError as exc:
-            raise FormatError(f"{source} line {n} is not JSON: {exc}") from None
+        entry = jsondoc.loads(line, what=f"{source} line {n}", error=FormatError)
         if not isinstance(entry, dict) or "id" not in entry:
             raise FormatError(f"{source} line {n} is not a run-log entry (no 'id')")
         out.append({str(k): str(v) for k, v in entry.items()})

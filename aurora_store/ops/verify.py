@@ -22,7 +22,14 @@ from typing import Any
 from aurora_store.codec.decoder import decode_segment
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.manifest import DeltaManifest, SegmentRef
-from aurora_store.errors import AuroraError, LayoutError, ObjectNotFoundError, VersionNotFoundError
+from aurora_store.errors import (
+    AuroraError,
+    FormatError,
+    LayoutError,
+    ObjectNotFoundError,
+    StoreError,
+    VersionNotFoundError,
+)
 from aurora_store.ops.inventory import Inventory, object_size, parallel_map, read_inventory
 from aurora_store.ops.problems import CODES, Problem
 from aurora_store.ops.reproduce import replay_between_snapshots
@@ -124,7 +131,7 @@ class _Verifier:
         for fingerprint, versions in sorted(referenced.items()):
             try:
                 self.layouts[fingerprint] = self.store.layout(fingerprint)
-            except LayoutError as exc:
+            except (LayoutError, FormatError, StoreError) as exc:  # one bad layout is one problem, never fatal
                 code = "layout_invalid" if fingerprint in self.inv.layouts else "layout_missing"
                 detail = str(exc) if code == "layout_invalid" else f"layout {fingerprint} is not stored"
                 self.add(code, f"{detail} (named by version(s) {_span(versions)})", versions[0], fingerprint)
@@ -176,10 +183,13 @@ class _Verifier:
         if not self.deep:
             return 0, []
         try:
-            data = self.store.get_object(key)
+            data = self.store.get_object(key, ref.size)
         except ObjectNotFoundError:
             return 0, [Problem("segment_missing", f"segment {digest} disappeared while checking", first_version,
                                digest)]
+        except StoreError as exc:  # e.g. not a regular file
+            return 0, [Problem("segment_corrupt", f"segment {digest} cannot be read: {exc}", v, digest)
+                       for v, _ in uses]
         actual = hashlib.sha256(data).hexdigest()
         if actual != digest:
             return len(data), [Problem("segment_digest", f"segment {digest} hashes to {actual}", v, digest)
@@ -189,7 +199,7 @@ class _Verifier:
         if layout is not None:
             for version, version_ref in uses:
                 try:
-                    decode_segment(layout, self.inv.deltas[version].codec, version_ref, data)
+                    decode_segment(layout, self.inv.deltas[version].codec, version_ref, data, check_values=True)
                 except AuroraError as exc:
                     problems.append(Problem("segment_corrupt", f"segment {digest}: {exc}", version, digest))
         return len(data), problems
@@ -246,7 +256,10 @@ class _Verifier:
             return [Problem("snapshot_file_size", f"{key} holds {size} bytes, manifest says {entry.size}", version,
                             entry.name)]
         if self.deep:
-            actual = hashlib.sha256(self.store.get_object(key)).hexdigest()
+            try:
+                actual = hashlib.sha256(self.store.get_object(key, entry.size)).hexdigest()
+            except StoreError as exc:
+                return [Problem("snapshot_file_digest", f"{key} cannot be read: {exc}", version, entry.name)]
             if actual != entry.sha256:
                 return [Problem("snapshot_file_digest", f"{key} hashes to {actual}, manifest says {entry.sha256}",
                                 version, entry.name)]

@@ -33,8 +33,9 @@ class Bucket(ABC):
     capabilities: Capabilities
 
     @abstractmethod
-    def get(self, key: str) -> bytes:
-        """The object's bytes."""
+    def get(self, key: str, limit: int | None = None) -> bytes:
+        """The object's bytes; with ``limit``, at most ``limit + 1`` of them (a caller that knows the size
+        it expects reads one byte more and so learns the object is too long without downloading all of it)."""
 
     @abstractmethod
     def put(self, key: str, data: bytes) -> None:
@@ -57,6 +58,13 @@ class Bucket(ABC):
     @abstractmethod
     def delete(self, key: str) -> None:
         """Remove an object; absent objects are not an error (deletes are idempotent)."""
+
+    def modified(self, key: str) -> float | None:
+        """When the object was last written (POSIX seconds), or ``None`` if the backend cannot say. Every
+        write, including an idempotent re-put of identical bytes, moves it forward: gc uses it to spare a
+        segment a publisher has just (re)uploaded. :class:`ObjectNotFoundError` if absent."""
+        self.size(key)
+        return None
 
     def exists(self, key: str) -> bool:
         from aurora_store.errors import ObjectNotFoundError

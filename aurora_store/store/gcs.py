@@ -112,8 +112,9 @@ class GCSBucket(Bucket):
     def _auth_error(self, exc: Exception) -> StoreAuthError:
         return StoreAuthError(f"GCS rejected the credentials for bucket {self.bucket!r}: {exc}")
 
-    def get(self, key: str) -> bytes:
-        return self._wrap("read", key, lambda: self.fs.cat_file(self._path(key)))
+    def get(self, key: str, limit: int | None = None) -> bytes:
+        end = None if limit is None else limit + 1
+        return self._wrap("read", key, lambda: self.fs.cat_file(self._path(key), start=0, end=end))
 
     def put(self, key: str, data: bytes) -> None:
         self._wrap("write", key, lambda: self.fs.pipe_file(self._path(key), data))

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from aurora_store.errors import FormatError
 from aurora_store.store import object_names
 from aurora_store.store.versions import DeltaStore
 
@@ -120,7 +121,22 @@ def dataset(store_or_url: DeltaStore | str) -> ds.Dataset:
 
 def load(store_or_url: DeltaStore | str) -> pa.Table:
     """All history rows of a bucket, sorted by version (an empty table with the schema if there are none)."""
-    return dataset(store_or_url).to_table().sort_by("version")
+    store = _store(store_or_url)
+    try:
+        return dataset(store).to_table().sort_by("version")
+    except (pa.ArrowException, ValueError) as exc:
+        raise FormatError(f"{_unreadable_row(store) or store.url + '/' + object_names.HISTORY} is not a readable "
+                          f"history row: {str(exc)[:200]}") from None
+
+
+def _unreadable_row(store: DeltaStore) -> str | None:
+    """The first history file that does not read as a row of :data:`SCHEMA` (to name it in an error)."""
+    for key in store.list_objects(object_names.HISTORY):
+        try:
+            pq.read_table(io.BytesIO(store.get_object(key))).cast(SCHEMA)
+        except (pa.ArrowException, ValueError):
+            return f"{store.url}/{key}"
+    return None
 
 
 def rows_from_manifests(store: DeltaStore) -> pa.Table:

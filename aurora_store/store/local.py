@@ -8,7 +8,9 @@ atomically: ``os.replace`` for overwrites, ``os.link`` for create-only writes (`
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 import uuid
 from pathlib import Path
 from typing import Any
@@ -25,8 +27,13 @@ class LocalBucket(Bucket):
     def __init__(self, root: str | os.PathLike[str], *, create: bool = False) -> None:
         self.root = Path(root).expanduser().absolute()
         self.url = self.root.as_uri()
+        if self.root.exists() and not self.root.is_dir():
+            raise BucketNotFoundError(f"{self.root} is a file, not a bucket directory")
         if create:
-            self.root.mkdir(parents=True, exist_ok=True)
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot create bucket directory {self.root}: {exc}") from exc
         elif not self.root.is_dir():
             raise BucketNotFoundError(f"bucket directory {self.root} does not exist")
 
@@ -36,16 +43,37 @@ class LocalBucket(Bucket):
     def _path(self, key: str) -> Path:
         return self.root / check_key(key)
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, limit: int | None = None) -> bytes:
+        """Regular files inside the bucket only: a symlink (to ``/dev/zero``, or out of the bucket) or a FIFO
+        (which would block ``open``) under an object's name is refused, not followed or waited on."""
         path = self._path(key)
+        if not self._inside(path.parent):
+            raise StoreError(f"{self.url}/{key} lies outside the bucket (a symlinked directory)")
         try:
-            return path.read_bytes()
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             raise ObjectNotFoundError(f"{self.url}/{key} does not exist") from None
         except IsADirectoryError:
             raise ObjectNotFoundError(f"{self.url}/{key} is a directory, not an object") from None
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise StoreError(f"{self.url}/{key} is a symbolic link, not an object") from None
             raise StoreError(f"cannot read {self.url}/{key}: {exc}") from exc
+        with os.fdopen(fd, "rb") as handle:
+            st = os.fstat(handle.fileno())
+            if stat.S_ISDIR(st.st_mode):
+                raise ObjectNotFoundError(f"{self.url}/{key} is a directory, not an object")
+            if not stat.S_ISREG(st.st_mode):
+                raise StoreError(f"{self.url}/{key} is not a regular file")
+            try:
+                return handle.read(st.st_size if limit is None else min(st.st_size, limit + 1))
+            except OSError as exc:
+                raise StoreError(f"cannot read {self.url}/{key}: {exc}") from exc
+
+    def _inside(self, directory: Path) -> bool:
+        real_root = os.path.realpath(self.root)
+        real = os.path.realpath(directory)
+        return real == real_root or real.startswith(real_root + os.sep)
 
     def _write_temp(self, path: Path, data: bytes) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -91,6 +119,14 @@ class LocalBucket(Bucket):
         if not path.is_file():
             raise ObjectNotFoundError(f"{self.url}/{key} is not an object")
         return st.st_size
+
+    def modified(self, key: str) -> float | None:
+        path = self._path(key)
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"{self.url}/{key} does not exist") from None
+        return st.st_mtime  # a put is a new file renamed into place: a fresh mtime, even for equal bytes
 
     def list(self, prefix: str = "", start_after: str = "") -> list[str]:
         # Walk only the directory that can contain the prefix.

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from aurora_store.errors import BucketNotFoundError, ObjectExistsError, ObjectNotFoundError
 from aurora_store.store.base import Bucket, Capabilities, check_key
 
 _REGISTRY: dict[str, dict[str, bytes]] = {}
 _REGISTRY_LOCK = threading.Lock()
+_MODIFIED: dict[tuple[str, str], float] = {}  # (bucket URL, key) → time of the last write
 
 
 class MemoryBucket(Bucket):
@@ -25,24 +27,31 @@ class MemoryBucket(Bucket):
         # One lock per bucket: create-only writes are check-and-set under it, hence atomic.
         self._lock = _LOCKS.setdefault(name, threading.Lock())
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, limit: int | None = None) -> bytes:
         try:
-            return self._objects[check_key(key)]
+            data = self._objects[check_key(key)]
+            return data if limit is None else data[: limit + 1]
         except KeyError:
             raise ObjectNotFoundError(f"{self.url}/{key} does not exist") from None
 
     def put(self, key: str, data: bytes) -> None:
         with self._lock:
             self._objects[check_key(key)] = bytes(data)
+            _MODIFIED[(self.url, key)] = time.time()
 
     def create(self, key: str, data: bytes) -> None:
         with self._lock:
             if check_key(key) in self._objects:
                 raise ObjectExistsError(f"{self.url}/{key} already exists")
             self._objects[key] = bytes(data)
+            _MODIFIED[(self.url, key)] = time.time()
 
     def size(self, key: str) -> int:
         return len(self.get(key))
+
+    def modified(self, key: str) -> float | None:
+        self.get(key)
+        return _MODIFIED.get((self.url, key))
 
     def list(self, prefix: str = "", start_after: str = "") -> list[str]:
         with self._lock:

@@ -12,6 +12,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.manifest import DeltaManifest
 from aurora_store.codec.params import CodecParams
 from aurora_store.codec.sharding import DeltaPart, merge_parts, track_spans
+from aurora_store.errors import IntegrityError
 from aurora_store.store import history
 from aurora_store.store.transfer import SegmentCallback, UploadReport, upload_segments
 from aurora_store.store.versions import DeltaStore
@@ -122,11 +124,25 @@ class VersionPublisher:
             created_at=utc_now(), producer=dict(self.producer))
         if self.sign is not None:
             manifest = self.sign(manifest)
+        self._check_segments_durable(manifest)
         self.store.publish_manifest(manifest)
         report = PublishReport(manifest=manifest, encode_s=encode_s, upload_s=upload_s,
                                total_s=time.perf_counter() - t0, first_segment_s=first_segment_s)
         self._published(report)
         return report
+
+    def _check_segments_durable(self, manifest: DeltaManifest) -> None:
+        """Right before the manifest is created, every segment it names must exist: segments are
+        content-addressed, so one may have been uploaded long ago by another version and be deleted by a gc
+        that planned before this version existed. Refusing here keeps "a listed manifest is complete" true."""
+        refs = manifest.segments
+        with ThreadPoolExecutor(max_workers=max(1, min(self.streams or self.store.settings.streams, len(refs) or 1)),
+                                thread_name_prefix="aurora-check") as pool:
+            present = list(pool.map(lambda ref: self.store.has_segment(ref.digest), refs))
+        missing = [ref.digest for ref, ok in zip(refs, present) if not ok]
+        if missing:
+            raise IntegrityError(f"{len(missing)} segment(s) of version {manifest.version} vanished before its "
+                                 f"manifest was created (e.g. {missing[0][:12]}…, a concurrent gc?); not publishing")
 
     def _published(self, report: PublishReport) -> None:
         """History row and log line of a version whose manifest was just created."""

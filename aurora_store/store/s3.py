@@ -118,10 +118,19 @@ class S3Bucket(Bucket):
         except botocore.exceptions.BotoCoreError as exc:
             raise StoreError(f"{action} s3://{self.bucket}/{key or ''}: {exc}") from None
 
-    def get(self, key: str) -> bytes:
-        response = self._call("read", key, self.client.get_object, Bucket=self.bucket, Key=self._key(key))
+    def get(self, key: str, limit: int | None = None) -> bytes:
+        # With a limit, a ranged GET: the server sends at most limit + 1 bytes, whatever the object's size.
+        extra = {"Range": f"bytes=0-{limit}"} if limit is not None else {}
         try:
-            return response["Body"].read()
+            response = self._call("read", key, self.client.get_object, Bucket=self.bucket, Key=self._key(key),
+                                  **extra)
+        except StoreError as exc:
+            if limit is not None and "InvalidRange" in str(exc):  # an empty object has no byte 0
+                return b""
+            raise
+        try:
+            body = response["Body"]
+            return body.read() if limit is None else body.read(limit + 1)
         except (botocore.exceptions.BotoCoreError, OSError) as exc:
             raise TransientStoreError(f"read s3://{self.bucket}/{self._key(key)}: {exc}") from None
 
@@ -135,6 +144,11 @@ class S3Bucket(Bucket):
     def size(self, key: str) -> int:
         head = self._call("stat", key, self.client.head_object, Bucket=self.bucket, Key=self._key(key))
         return int(head["ContentLength"])
+
+    def modified(self, key: str) -> float | None:
+        head = self._call("stat", key, self.client.head_object, Bucket=self.bucket, Key=self._key(key))
+        stamp = head.get("LastModified")
+        return stamp.timestamp() if stamp is not None else None
 
     def list(self, prefix: str = "", start_after: str = "") -> list[str]:
         base = f"{self.prefix}/" if self.prefix else ""

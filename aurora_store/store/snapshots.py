@@ -20,11 +20,14 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from aurora_store.codec import jsondoc
 from aurora_store.codec.digest import WeightsDigest, digest_state
 from aurora_store.codec.document import SignedDocument
 from aurora_store.codec.layout import ModelLayout
+from aurora_store.codec.manifest import signature_of
 from aurora_store.errors import (
     DigestMismatchError,
+    FormatError,
     IntegrityError,
     LayoutMismatchError,
     ManifestError,
@@ -71,22 +74,33 @@ class SnapshotManifest(SignedDocument):
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SnapshotManifest:
+        doc = jsondoc.load_object(data, what="snapshot manifest")
+        if doc.get("format") != SNAPSHOT_FORMAT:
+            raise ManifestError(f"unknown snapshot format {str(doc.get('format'))[:80]!r}")
+
+        def get(key: str) -> Any:
+            return jsondoc.field(doc, key, "snapshot manifest")
+
+        files = []
+        for entry in jsondoc.array(get("files"), "snapshot files"):
+            entry = jsondoc.mapping(entry, "snapshot file")
+            files.append(SnapshotFile(jsondoc.text(jsondoc.field(entry, "name", "snapshot file"), "file name"),
+                                      jsondoc.text(jsondoc.field(entry, "sha256", "snapshot file"), "file sha256"),
+                                      jsondoc.integer(jsondoc.field(entry, "size", "snapshot file"), "file size")))
+        digest = jsondoc.text(get("weights_digest"), "weights_digest")
         try:
-            doc = json.loads(data)
-            if doc.get("format") != SNAPSHOT_FORMAT:
-                raise ManifestError(f"unknown snapshot format {doc.get('format')!r}")
-            WeightsDigest.parse(doc["weights_digest"])
-            return cls(
-                version=int(doc["version"]), layout_fingerprint=str(doc["layout_fingerprint"]),
-                weights_digest=str(doc["weights_digest"]),
-                files=tuple(SnapshotFile(str(f["name"]), str(f["sha256"]), int(f["size"])) for f in doc["files"]),
-                weight_files=tuple(str(n) for n in doc["weight_files"]), created_at=str(doc.get("created_at", "")),
-                producer=dict(doc.get("producer", {})),
-                signature=dict(doc["signature"]) if doc.get("signature") is not None else None)
-        except ManifestError:
-            raise
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ManifestError(f"malformed snapshot manifest: {exc!r}") from exc
+            WeightsDigest.parse(digest)
+        except FormatError as exc:
+            raise ManifestError(str(exc)) from exc
+        return cls(
+            version=jsondoc.integer(get("version"), "version"),
+            layout_fingerprint=jsondoc.text(get("layout_fingerprint"), "layout_fingerprint"),
+            weights_digest=digest, files=tuple(files),
+            weight_files=tuple(jsondoc.text(n, "weight file")
+                               for n in jsondoc.array(get("weight_files"), "weight_files")),
+            created_at=jsondoc.text(doc.get("created_at", ""), "created_at"),
+            producer=jsondoc.mapping(doc.get("producer", {}), "producer"),
+            signature=signature_of(doc))
 
 
 def shard_state(state: Mapping[str, torch.Tensor], shard_bytes: int) -> list[dict[str, torch.Tensor]]:
@@ -200,7 +214,7 @@ def create_snapshot_manifest(store: DeltaStore, version: int, layout: ModelLayou
 
 def read_snapshot_manifest(store: DeltaStore, version: int) -> SnapshotManifest:
     try:
-        data = store.get_object(object_names.snapshot_manifest(version))
+        data = store.get_document(object_names.snapshot_manifest(version))
     except ObjectNotFoundError:
         raise VersionNotFoundError(f"no snapshot of version {version} in {store.url}") from None
     manifest = SnapshotManifest.from_bytes(data)
@@ -214,7 +228,7 @@ def read_snapshot_file(store: DeltaStore, manifest: SnapshotManifest, name: str)
     if entry is None:
         raise ManifestError(f"snapshot {manifest.version} has no file {name!r}")
     for _ in range(2):  # one re-fetch on mismatch (e.g. a torn read), then give up
-        data = store.get_object(object_names.snapshot_dir(manifest.version) + name)
+        data = store.get_object(object_names.snapshot_dir(manifest.version) + name, entry.size)
         if len(data) == entry.size and hashlib.sha256(data).hexdigest() == entry.sha256:
             return data
     raise IntegrityError(f"snapshot {manifest.version} file {name} in {store.url} does not match its digest")

@@ -12,12 +12,12 @@ Invariants kept here:
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
+from aurora_store.codec import jsondoc
 from aurora_store.codec.document import canonical_json
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.manifest import DeltaManifest, SegmentRef
@@ -56,8 +56,17 @@ class DeltaStore:
 
     # --- raw objects (with semantic retries) -----------------------------------------------------
 
-    def get_object(self, key: str) -> bytes:
-        return self._call(lambda: self.bucket.get(key))
+    def get_object(self, key: str, limit: int | None = None) -> bytes:
+        """The object's bytes; with ``limit``, at most ``limit + 1`` of them (see :meth:`Bucket.get`)."""
+        return self._call(lambda: self.bucket.get(key, limit))
+
+    def get_document(self, key: str) -> bytes:
+        """A JSON document's bytes, refused once longer than the parse gate accepts (never read further)."""
+        data = self._call(lambda: self.bucket.get(key, jsondoc.MAX_DOCUMENT_BYTES))
+        if len(data) > jsondoc.MAX_DOCUMENT_BYTES:
+            raise ManifestError(f"{self.url}/{key} is larger than the {jsondoc.MAX_DOCUMENT_BYTES} bytes a "
+                                f"document may have")
+        return data
 
     def put_object(self, key: str, data: bytes) -> None:
         self._call(lambda: self.bucket.put(key, data))
@@ -91,10 +100,12 @@ class DeltaStore:
         persists (e.g. a corrupted object)."""
 
         def fetch_verified() -> bytes:
-            data = self._call(lambda: self.bucket.get(object_names.segment(ref.digest)))
+            # At most size + 1 bytes: a huge object in a segment's place is refused after reading one byte more.
+            data = self._call(lambda: self.bucket.get(object_names.segment(ref.digest), ref.size))
             if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.digest:
+                held = f"more than {ref.size}" if len(data) > ref.size else str(len(data))
                 raise IntegrityError(f"segment {ref.digest[:12]}… in {self.url} does not match its digest "
-                                     f"({len(data)} bytes, expected {ref.size})")
+                                     f"({held} bytes, expected {ref.size})")
             return data
 
         attempts = retry.retrying(TransferSettings(retries=1, retry_wait_s=self.settings.retry_wait_s),
@@ -122,7 +133,7 @@ class DeltaStore:
 
     def manifest_bytes(self, version: int) -> bytes:
         try:
-            return self._call(lambda: self.bucket.get(object_names.delta(version)))
+            return self.get_document(object_names.delta(version))
         except ObjectNotFoundError:
             raise VersionNotFoundError(f"version {version} is not published in {self.url}") from None
 
@@ -173,11 +184,12 @@ class DeltaStore:
 
     def layout(self, fingerprint: str) -> ModelLayout:
         try:
-            data = self._call(lambda: self.bucket.get(object_names.layout(fingerprint)))
+            data = self.get_document(object_names.layout(fingerprint))
         except ObjectNotFoundError:
             raise LayoutError(f"layout {fingerprint} is not stored in {self.url}") from None
         try:
-            layout = ModelLayout.from_json(json.loads(data))
+            doc = jsondoc.load_object(data, what=f"layout {fingerprint[:80]}", error=LayoutError)
+            layout = ModelLayout.from_json(doc)
         except ValueError as exc:
             raise LayoutError(f"layout {fingerprint} in {self.url} is malformed: {exc}") from exc
         if layout.fingerprint != fingerprint:
@@ -190,10 +202,12 @@ class DeltaStore:
         self._call(lambda: self.bucket.put(object_names.RUN_INFO, canonical_json(info)))
 
     def run_info(self) -> dict[str, Any] | None:
+        """The run record (advisory, unsigned: never a source of keys or of where to fetch from)."""
         try:
-            return json.loads(self._call(lambda: self.bucket.get(object_names.RUN_INFO)))
+            data = self.get_document(object_names.RUN_INFO)
         except ObjectNotFoundError:
             return None
+        return jsondoc.load_object(data, what=f"{self.url}/{object_names.RUN_INFO}")
 
     def missing_segments(self, refs: Iterable[SegmentRef]) -> list[SegmentRef]:
         present = set(self.segment_digests())

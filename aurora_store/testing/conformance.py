@@ -47,6 +47,27 @@ class BucketConformance:
         assert bucket.get("blob") == payload
         assert bucket.size("blob") == len(payload)
 
+    def test_limited_get_reads_at_most_one_byte_more(self, bucket: Bucket):
+        payload = bytes(range(256)) * 4096  # 1 MiB
+        bucket.put("big", payload)
+        assert bucket.get("big", 10) == payload[:11]
+        assert bucket.get("big", len(payload)) == payload
+        assert bucket.get("big", len(payload) - 1) == payload
+        bucket.put("empty", b"")
+        assert bucket.get("empty", 0) == b""
+        with pytest.raises(ObjectNotFoundError):
+            bucket.get("nope/x", 5)
+
+    def test_modified_moves_forward_on_rewrite(self, bucket: Bucket):
+        bucket.put("m", b"1")
+        first = bucket.modified("m")
+        if first is None:
+            pytest.skip(f"{type(bucket).__name__} does not report modification times")
+        with pytest.raises(ObjectNotFoundError):
+            bucket.modified("nope/x")
+        bucket.put("m", b"1")
+        assert bucket.modified("m") >= first
+
     def test_missing_object_is_typed(self, bucket: Bucket):
         with pytest.raises(ObjectNotFoundError):
             bucket.get("nope/x")

@@ -110,13 +110,13 @@ class Agent:
 
         started = time.perf_counter()
         if mode == "delta":
-            staged = stage_version(store, version, self.target, streams=streams, on_fetched=on_fetched)
-            nbytes = fetched[0] + len(staged.manifest.to_bytes())
-            changed = staged.manifest.changed_total
+            delta = stage_version(store, version, self.target, streams=streams, on_fetched=on_fetched)
+            nbytes = fetched[0] + len(delta.manifest.to_bytes())
+            changed = delta.manifest.changed_total
         elif mode == "full":
-            staged = stage_snapshot(store, version, self.target, streams=streams)
-            nbytes = staged.snapshot_bytes
-            changed = int(staged.manifest.producer["changed"])
+            snapshot = stage_snapshot(store, version, self.target, streams=streams)
+            nbytes = snapshot.snapshot_bytes
+            changed = snapshot.changed
         else:
             raise ValueError(f"unknown mode {mode!r}")
         total = time.perf_counter() - started

@@ -41,7 +41,7 @@ def test_keeps_exactly_what_the_retained_chains_need(run, capsys):
     before = set(all_keys(run.store))
     old_segments = {k for v in (1, 2, 3) for k in segment_keys(run.store, v)}
     kept_segments = {k for v in range(4, 9) for k in segment_keys(run.store, v)}
-    assert main(["gc", run.store.url, "--keep-snapshots", "2", "--json"]) == 0
+    assert main(["gc", run.store.url, "--keep-snapshots", "2", "--grace", "0", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["retained_snapshots"] == [3, 6] and doc["removed_snapshots"] == [0]
     assert doc["removed_deltas"] == [1, 2, 3] and doc["kept_deltas"] == {"first": 4, "last": 8, "count": 5}
@@ -105,12 +105,12 @@ def test_refuses_when_the_kept_chain_is_broken(run, capsys):
 
 def test_refuses_when_a_kept_segment_is_missing_but_not_for_one_it_deletes(run):
     run.store.bucket.delete(object_names.segment(segment_of(run.store, 2)))  # below the oldest kept snapshot: fine
-    report = collect_garbage(run.store, 2)
+    report = collect_garbage(run.store, 2, grace_s=0)
     assert report.plan.removed_deltas == (1, 2, 3)
     assert verify_bucket(DeltaStore(run.store.url)).ok
     run.store.bucket.delete(object_names.segment(segment_of(run.store, 7)))
     with pytest.raises(GcRefusedError) as refused:
-        collect_garbage(DeltaStore(run.store.url), 1)
+        collect_garbage(DeltaStore(run.store.url), 1, grace_s=0)
     assert [(p.code, p.version) for p in refused.value.problems] == [("segment_missing", 7)]
 
 
@@ -120,7 +120,7 @@ def test_orphan_segments_are_kept_unless_pruned(run):
     rewrite(run.store, object_names.segment(name), data)
     assert collect_garbage(run.store, 3).plan.orphan_segments == (name,)
     assert run.store.has_segment(name)
-    report = collect_garbage(run.store, 3, prune_orphans=True)
+    report = collect_garbage(run.store, 3, prune_orphans=True, grace_s=0)
     assert [d.key for d in report.plan.of_kind("orphan_segment")] == [object_names.segment(name)]
     assert not run.store.has_segment(name)
 
@@ -137,7 +137,7 @@ def test_a_gap_below_the_kept_snapshots_is_collected_not_refused(run):
         ("chain_gap", 6), ("snapshot_stranded", 0), ("snapshot_stranded", 3)}
     with pytest.raises(GcRefusedError):  # keeping snapshot 3 would keep a broken chain
         plan_gc(DeltaStore(run.store.url), 2)
-    collect_garbage(DeltaStore(run.store.url), 1)
+    collect_garbage(DeltaStore(run.store.url), 1, grace_s=0)
     store = DeltaStore(run.store.url)
     assert store.versions() == [7, 8] and store.snapshot_versions() == [6]
     assert verify_bucket(store, deep=True).ok

@@ -179,7 +179,7 @@ def test_verify_and_gc_on_the_real_run(real_run, tmp_path):
         assert report.checked["replayed_versions"] == STEPS and report.checked["snapshots_reproduced"] == 2
     copy = tmp_path / "home"
     shutil.copytree(real_run["buckets"]["us-east"], copy)
-    report = collect_garbage(str(copy), 2)
+    report = collect_garbage(str(copy), 2, grace_s=0)
     assert report.plan.retained_snapshots == (2, 4) and report.plan.removed_deltas == (1, 2)
     after = verify_bucket(str(copy), deep=True)
     assert after.ok and after.checked["replayed_versions"] == 2

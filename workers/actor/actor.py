@@ -34,10 +34,8 @@ from aurora_store.config import TransferSettings
 from aurora_store.errors import (
     AuroraError,
     BusError,
-    CorruptSegmentError,
     DigestMismatchError,
-    IntegrityError,
-    ManifestError,
+    FormatError,
     VersionNotFoundError,
 )
 from aurora_store.metrics import Metrics
@@ -48,7 +46,7 @@ from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
 from aurora_store.trust import Verifier
 from workers.actor.cli import ActorConfig, parse_args
 from workers.actor.engine import Engine, load_engine
-from workers.actor.sources import VersionSources
+from workers.actor.sources import BAD_COPY_ERRORS, VersionSources
 
 log = logging.getLogger("aurora.actor")
 
@@ -90,31 +88,45 @@ class Actor:
         if config.metrics_port:
             self.metrics.serve(config.metrics_port)
         # The trainer's key comes from the command line / environment, never from a bucket.
-        self.verify = Verifier.load(config.trainer_public_key) if config.trainer_public_key else None
+        # With a key, manifests must also name this actor's run (one key may sign several runs).
+        self.verify = Verifier.load(config.trainer_public_key, config.run) if config.trainer_public_key else None
 
     # --- bootstrap -------------------------------------------------------------------------------
 
     def _wait_for_run(self, timeout_s: float = 300.0) -> dict:
         deadline = time.monotonic() + timeout_s
         while True:
-            info = self.regional.run_info()
+            info = self._run_info(self.regional)
             if info is not None and self.regional.snapshot_versions():
                 return info
             if self.config.source_bucket:
                 source = DeltaStore(open_bucket(self.config.source_bucket, settings=self.settings), self.settings)
-                info = source.run_info()
+                info = self._run_info(source)
                 if info is not None and source.snapshot_versions():
                     return info
             if time.monotonic() > deadline:
                 raise VersionNotFoundError(f"no run and snapshot appeared in {self.regional.url}")
             time.sleep(0.5)
 
+    @staticmethod
+    def _run_info(store: DeltaStore) -> dict | None:
+        """The advisory run record; a malformed one counts as absent (it is never trusted for anything)."""
+        try:
+            return store.run_info()
+        except FormatError as exc:
+            log.warning("ignoring a malformed run record in %s", store.url, extra={"error": str(exc)})
+            return None
+
     def bootstrap(self) -> None:
         info = self._wait_for_run()
-        source_url = self.config.source_bucket or info.get("source_bucket")
+        # The fallback bucket comes from this actor's own configuration, never from the (unsigned) run record
+        # in the regional bucket, which whoever can write that bucket could point at a bucket of their own.
         source = None
-        if source_url and source_url != self.regional.url:
-            source = DeltaStore(open_bucket(source_url, settings=self.settings), self.settings)
+        if self.config.source_bucket:
+            source = DeltaStore(open_bucket(self.config.source_bucket, settings=self.settings), self.settings)
+            if source.url == self.regional.url:  # compared as opened: a path and its file:// URL are one bucket
+                source.close()
+                source = None
         self.sources = VersionSources(self.regional, source, self.config.region, info.get("home_region", ""),
                                       self.plane, self.actor_id)
         self.sources.refresh()
@@ -123,7 +135,7 @@ class Actor:
             store = source  # regional bucket not seeded yet
         try:
             self._bootstrap_from(store)
-        except (ManifestError, IntegrityError, CorruptSegmentError, DigestMismatchError) as exc:
+        except BAD_COPY_ERRORS as exc:
             if source is None or store is source:
                 raise
             # A corrupt or forged regional copy: the source bucket is the truth.
@@ -247,19 +259,9 @@ class Actor:
                 self.stopped.wait(0.5)
 
     def _stage(self, version: int, *, snapshot: bool = False) -> Staged:
-        """Stage from the current bucket; if its copy is corrupt or tampered with (bad bytes, unsigned or
-        mis-signed manifest), re-fetch from the source bucket instead."""
-        store = self.sources.store()
-        try:
-            return self._stage_from(store, version, snapshot=snapshot)
-        except (IntegrityError, CorruptSegmentError, ManifestError, DigestMismatchError) as exc:
-            source = self.sources.source
-            if source is None or source is store:
-                raise
-            log.warning("corrupt copy of version %d in %s; re-fetching from the source bucket", version, store.url,
-                        extra={"error": str(exc)})
-            self.plane.log_event("refetch_source", actor=self.actor_id, version=version, error=type(exc).__name__)
-            return self._stage_from(source, version, snapshot=snapshot)
+        """Stage from the current bucket; if its copy is corrupt or tampered with (bad bytes, unparseable,
+        unsigned, mis-signed or foreign-run manifest), re-fetch from the source bucket instead."""
+        return self.sources.read(version, lambda store: self._stage_from(store, version, snapshot=snapshot))
 
     def _stage_from(self, store: DeltaStore, version: int, *, snapshot: bool = False) -> Staged:
         if self.config.full_sync or snapshot:  # full_sync: the full-broadcast baseline, every version's snapshot

@@ -18,7 +18,7 @@ class ActorConfig:
     run: str
     engine: str  # "torch" or "vllm"
     actor_id: str | None
-    source_bucket: str | None  # fallback when the region's relay is gone (default: from run.json)
+    source_bucket: str | None  # fallback when the region's relay is gone or its copy is bad; none if unset
     streams: int | None
     cache_dir: str | None
     metrics_port: int | None
@@ -58,7 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--engine", choices=["torch", "vllm"], default=None,
                         help="inference engine (default: vllm when installed, else torch)")
     parser.add_argument("--id", dest="actor_id", help="actor id (default: <region>-<host>-<pid>)")
-    parser.add_argument("--source-bucket", help="fallback bucket when the relay is down (default: from run.json)")
+    parser.add_argument("--source-bucket",
+                        help="the trainer's (source) bucket: read from it when the region's relay is down or the "
+                             "regional copy of a version is corrupt, unsigned or forged (default: no fallback; "
+                             "never taken from the bucket's run.json)")
     parser.add_argument("--streams", type=int, help="parallel download streams (default AURORA_STREAMS or 4)")
     parser.add_argument("--cache-dir", help="local directory for snapshot files (vLLM loads from here)")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")

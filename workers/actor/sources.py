@@ -5,10 +5,20 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from aurora_store.bus import ControlPlane
+from aurora_store.errors import CodecError, IntegrityError, ObjectNotFoundError, VersionNotFoundError
 from aurora_store.store import DeltaStore
+
+T = TypeVar("T")
+
+#: What a bad copy of a version in a (relay-written, untrusted) regional bucket can cause: an unparseable,
+#: unsigned, mis-signed or foreign-run manifest, corrupt or missing segments, a wrong base or layout. Each
+#: sends the actor to the source bucket of its own configuration, never out of its loops.
+BAD_COPY_ERRORS = (CodecError, IntegrityError, ObjectNotFoundError)
 
 log = logging.getLogger("aurora.actor.sources")
 
@@ -28,7 +38,8 @@ class VersionSources:
 
     @property
     def is_home(self) -> bool:
-        return self.region == self.home_region or self.source is None
+        # Only this actor's own configuration decides: the run record naming a home region is unsigned.
+        return self.source is None
 
     @property
     def fallback(self) -> bool:
@@ -51,6 +62,23 @@ class VersionSources:
 
     def store(self) -> DeltaStore:
         return self.source if (self._fallback and self.source is not None) else self.regional
+
+    def read(self, version: int, fetch: Callable[[DeltaStore], T]) -> T:
+        """``fetch(store)`` from the current bucket; if that copy of ``version`` is bad (see
+        :data:`BAD_COPY_ERRORS`) and it is not the source bucket, log it and ``fetch(source)`` instead.
+        A version not yet in the bucket (:class:`VersionNotFoundError`) is not a bad copy: the caller waits."""
+        store = self.store()
+        try:
+            return fetch(store)
+        except VersionNotFoundError:
+            raise
+        except BAD_COPY_ERRORS as exc:
+            if self.source is None or self.source is store:
+                raise
+            log.warning("bad copy of version %d in %s (%s); reading the source bucket", version, store.url,
+                        type(exc).__name__, extra={"error": str(exc)[:500]})
+            self.plane.log_event("refetch_source", actor=self.actor_id, version=version, error=type(exc).__name__)
+            return fetch(self.source)
 
     @property
     def label(self) -> str:

@@ -114,7 +114,8 @@ class Relay:
         self._lock = threading.Lock()
         self.progress_at = time.monotonic()  # last completed copy or loop iteration (the watchdog's input)
         # A relay cannot mint versions: it forwards only manifests signed by the trainer, bytes unchanged.
-        self.verify_manifest = Verifier.load(config.trainer_public_key) if config.trainer_public_key else None
+        self.verify_manifest = (Verifier.load(config.trainer_public_key, config.run)
+                                if config.trainer_public_key else None)
 
     # --- copying ---------------------------------------------------------------------------------
 
