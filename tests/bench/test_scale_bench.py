@@ -1,0 +1,43 @@
+"""The scale benchmark end to end on two few-MB models: real S3 server, real subprocesses, one JSON object."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import scale
+
+KEYS = {"params", "density", "bytes_per_changed", "delta_bytes", "full_bytes", "publish_s", "publish_vs_scan",
+        "activate_s", "activate_vs_scatter", "snapshot_write_s", "snapshot_load_s", "publisher_peak_rss_vs_model",
+        "actor_peak_rss_vs_model"}
+
+
+@pytest.mark.s3
+def test_tiny_scale_run_prints_sane_figures(capsys):
+    assert scale.main(["--tiny", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result["sizes"]) == set(scale.TINY)
+    for name, figures in result["sizes"].items():
+        assert set(figures) >= KEYS, name
+        assert figures["bit_exact"], name  # the actor ended on exactly the generated new version
+        assert 0.005 < figures["density"] < 0.05, name  # lr 1e-6 Adam steps: the sparse regime
+        assert figures["delta_bytes"] < figures["full_bytes"] / 20
+        assert figures["bytes_per_changed"] == pytest.approx(figures["delta_bytes"] / figures["changed"])
+        assert figures["snapshot_bytes"] >= figures["full_bytes"]
+        for key in ("publish_s", "activate_s", "snapshot_write_s", "snapshot_load_s", "publish_vs_scan",
+                    "activate_vs_scatter", "publisher_peak_rss_vs_model", "actor_peak_rss_vs_model"):
+            assert figures[key] > 0, (name, key)
+    assert isinstance(result["publish_exponent"], float)
+    assert isinstance(result["activate_exponent"], float)
+    big = result["extrapolated_qwen3_8b"]
+    assert big["params"] > 8e9 and big["delta_bytes"] > 0 and big["publish_s"] > 0
+    assert big["paper"] == {"delta_bytes": 202e6, "extraction_s": 5.0}
+
+
+def test_sizes_that_do_not_fit_are_skipped_with_the_reason(capsys):
+    assert scale.main(["--sizes", "qwen3-4b", "--memory-budget-gib", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    skipped = result["sizes"]["qwen3-4b"]
+    assert "GiB" in skipped["skipped"] and skipped["params"] > 4e9
+    assert result["publish_exponent"] is None and "publish_s" not in result["extrapolated_qwen3_8b"]
