@@ -332,6 +332,11 @@ def run(sizes: dict[str, dict[str, Any]], *, streams: int = 4, lr: float = 1e-6,
                                          budget=int(budget_gib * _GIB), root=root, env=env, timeout=timeout)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    return summarize(results, streams=streams, lr=lr, warmup=warmup, budget_gib=budget_gib)
+
+
+def summarize(results: dict[str, Any], *, streams: int, lr: float, warmup: int, budget_gib: float) -> dict[str, Any]:
+    """The output object: per-size figures, growth exponents over the measured sizes, the 8B extrapolation."""
     measured = [r for r in results.values() if "skipped" not in r]
     ps = [float(r["params"]) for r in measured]
     pub_fit = fit_exponent(ps, [r["publish_s"] for r in measured])
@@ -357,6 +362,18 @@ def run(sizes: dict[str, dict[str, Any]], *, streams: int = 4, lr: float = 1e-6,
     }
 
 
+def merge(outputs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One object from several runs' outputs (e.g. sizes measured by separate invocations); later ones win."""
+    first = outputs[0]
+    results: dict[str, Any] = {}
+    for out in outputs:
+        results.update(out["sizes"])
+    merged = summarize(results, streams=first["streams"], lr=first["lr"], warmup=first["warmup_steps"],
+                       budget_gib=first["memory_budget_gib"])
+    merged["merged_runs"] = len(outputs)
+    return merged
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     parser.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated, from {', '.join(SIZES)}")
@@ -366,9 +383,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-budget-gib", type=float, default=8.5,
                         help="skip sizes whose publisher would hold more than this resident")
     parser.add_argument("--tiny", action="store_true", help="two few-MB models of the same shape (quick check)")
+    parser.add_argument("--merge", nargs="+", metavar="JSON",
+                        help="combine earlier outputs (sizes measured by separate runs) into one object and fit")
 
 
 def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    if args.merge:
+        return merge([json.loads(Path(path).read_text()) for path in args.merge])
     if args.tiny:
         sizes = TINY
     else:

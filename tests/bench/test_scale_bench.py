@@ -41,3 +41,19 @@ def test_sizes_that_do_not_fit_are_skipped_with_the_reason(capsys):
     skipped = result["sizes"]["qwen3-4b"]
     assert "GiB" in skipped["skipped"] and skipped["params"] > 4e9
     assert result["publish_exponent"] is None and "publish_s" not in result["extrapolated_qwen3_8b"]
+
+
+def test_merge_fits_sizes_measured_by_separate_runs():
+    def run_output(name: str, params: float) -> dict:
+        figures = {"params": params, "publish_s": 2e-9 * params ** 1.05, "activate_s": 3e-8 * params,
+                   "bytes_per_changed": 1.2, "density": 0.02}
+        return {"streams": 4, "lr": 1e-6, "warmup_steps": 2, "memory_budget_gib": 8.5, "sizes": {name: figures}}
+
+    merged = scale.merge([run_output("a", 1e8), run_output("b", 1e9), {**run_output("c", 4e9),
+                                                                       "sizes": {"c": {"skipped": "no room"}}}])
+    assert set(merged["sizes"]) == {"a", "b", "c"} and merged["merged_runs"] == 3
+    assert merged["publish_exponent"] == pytest.approx(1.05)
+    assert merged["activate_exponent"] == pytest.approx(1.0)
+    big = merged["extrapolated_qwen3_8b"]
+    assert big["publish_s"] == pytest.approx(2e-9 * big["params"] ** 1.05, rel=1e-6)
+    assert big["delta_bytes"] == pytest.approx(1.2 * 0.02 * big["params"])
