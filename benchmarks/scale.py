@@ -328,8 +328,11 @@ def run(sizes: dict[str, dict[str, Any]], *, streams: int = 4, lr: float = 1e-6,
             env = {**os.environ, **server.env(), "PYTHONPATH": os.pathsep.join(
                 [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
             for name, config in sizes.items():
-                results[name] = _measure(name, config, server=server, streams=streams, lr=lr, warmup=warmup,
-                                         budget=int(budget_gib * _GIB), root=root, env=env, timeout=timeout)
+                try:
+                    results[name] = _measure(name, config, server=server, streams=streams, lr=lr, warmup=warmup,
+                                             budget=int(budget_gib * _GIB), root=root, env=env, timeout=timeout)
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:  # keep the sizes already measured
+                    results[name] = {"params": ModelLayout.from_config(config).numel, "failed": str(exc)[-500:]}
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return summarize(results, streams=streams, lr=lr, warmup=warmup, budget_gib=budget_gib)
@@ -337,7 +340,7 @@ def run(sizes: dict[str, dict[str, Any]], *, streams: int = 4, lr: float = 1e-6,
 
 def summarize(results: dict[str, Any], *, streams: int, lr: float, warmup: int, budget_gib: float) -> dict[str, Any]:
     """The output object: per-size figures, growth exponents over the measured sizes, the 8B extrapolation."""
-    measured = [r for r in results.values() if "skipped" not in r]
+    measured = [r for r in results.values() if "skipped" not in r and "failed" not in r]
     ps = [float(r["params"]) for r in measured]
     pub_fit = fit_exponent(ps, [r["publish_s"] for r in measured])
     act_fit = fit_exponent(ps, [r["activate_s"] for r in measured])
