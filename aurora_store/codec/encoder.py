@@ -25,6 +25,8 @@ from aurora_store.codec.segment import ChunkHeader, EncodedChunk, Entropy, pack
 from aurora_store.codec.values import encode_values
 from aurora_store.errors import LayoutError
 
+_MASK_BLOCK = 1 << 24  # elements compared at once when looking for changes
+
 
 @dataclass(frozen=True)
 class Piece:
@@ -128,7 +130,11 @@ class DeltaEncoder:
 
     def _encode_piece(self, piece: Piece) -> Iterator[EncodedChunk]:
         old, new = piece.old, piece.new
-        local = torch.where(old != new)[0]
+        n = old.numel()
+        # Compare in blocks: the boolean mask stays bounded (an embedding piece is 10^8+ elements); only the
+        # changed indices, proportional to the delta, are kept.
+        local = torch.cat([torch.where(old[lo: lo + _MASK_BLOCK] != new[lo: lo + _MASK_BLOCK])[0] + lo
+                           for lo in range(0, n, _MASK_BLOCK)]) if n > _MASK_BLOCK else torch.where(old != new)[0]
         if local.numel() == 0:
             return
         name = piece.tensor.name
@@ -140,7 +146,6 @@ class DeltaEncoder:
         idx_np = local.numpy()
         old_np, new_np = old_vals.numpy(), new_vals.numpy()
         step = self.params.max_changed_per_chunk
-        n = old.numel()
         for start in range(0, idx_np.size, step):
             stop = min(start + step, idx_np.size)
             lo = 0 if start == 0 else int(idx_np[start])
