@@ -43,10 +43,17 @@ class Changes:
     new: np.ndarray  # int16
 
 
+MASK_BLOCK = 1 << 24  # elements compared at once when looking for changes on the host
+
+
 def changes_on_host(tensor: InferenceTensor, offset: int, old: torch.Tensor,
                     new: torch.Tensor) -> tuple[Changes, WeightsDigest]:
     """The reference extraction on host tensors, with the piece's digest delta."""
-    local = torch.where(old != new)[0]
+    n = old.numel()
+    # Compare in blocks: the boolean mask stays bounded (an embedding piece is 10^8+ elements); only the
+    # changed indices, proportional to the delta, are kept.
+    local = torch.cat([torch.where(old[lo: lo + MASK_BLOCK] != new[lo: lo + MASK_BLOCK])[0] + lo
+                       for lo in range(0, n, MASK_BLOCK)]) if n > MASK_BLOCK else torch.where(old != new)[0]
     old_vals, new_vals = old[local], new[local]
     if local.numel():
         global_idx = local + offset

@@ -148,22 +148,28 @@ def write_snapshot(store: DeltaStore, version: int, state: Mapping[str, torch.Te
                    sign=None) -> SnapshotManifest:
     """Upload a snapshot of ``state`` (training names) and create its manifest last.
 
-    ``sign`` optionally turns the manifest into a signed one before it is written.
+    Weight files are serialised and uploaded one at a time, so the writer holds at most one shard's bytes
+    beside ``state`` (the files are byte-identical to :func:`encode_snapshot_files`'). ``sign`` optionally
+    turns the manifest into a signed one before it is written.
     """
     layout.check_state(state)
-    files, weight_files = encode_snapshot_files({n: state[n] for n in layout.train_names}, shard_bytes)
-    files.update(extra_files or {})
-    entries = []
-    for name, data in sorted(files.items()):
-        store.put_object(object_names.snapshot_dir(version) + name, data)
-        entries.append(SnapshotFile(name, hashlib.sha256(data).hexdigest(), len(data)))
-    manifest = SnapshotManifest(version, layout.fingerprint, str(weights_digest), tuple(entries), weight_files,
-                                created_at, dict(producer or {}))
-    if sign is not None:
-        manifest = sign(manifest)
-    store.create_object(object_names.snapshot_manifest(version), manifest.to_bytes(), error=VersionExistsError,
-                        message=f"snapshot {version} already exists in {store.url} with different content")
-    return manifest
+    shards = shard_state({n: state[n] for n in layout.train_names}, shard_bytes)
+    weight_files = weight_file_names(len(shards))
+    entries, weight_map, total = [], {}, 0
+    for name, shard in zip(weight_files, shards):
+        entries.append(put_snapshot_file(store, version, name, encode_weight_file(shard)))
+        for tensor_name, tensor in shard.items():
+            weight_map[tensor_name] = name
+            total += tensor.numel() * tensor.element_size()
+    side = dict(extra_files or {})
+    if len(shards) > 1:
+        side["model.safetensors.index.json"] = weight_index(weight_map, total)
+    for name, data in side.items():
+        if name in weight_files:
+            raise ManifestError(f"snapshot {version}: extra file {name!r} would replace a weight file")
+        entries.append(put_snapshot_file(store, version, name, data))
+    return create_snapshot_manifest(store, version, layout, weights_digest, entries, weight_files,
+                                    created_at=created_at, producer=producer, sign=sign)
 
 
 def weight_file_names(count: int) -> list[str]:

@@ -146,3 +146,21 @@ def test_fp16_tensors_work_too():
     manifest, segments = encode(layout, old, new, 1, 0, target.digest)
     apply_delta(manifest, blobs(segments), target)
     assert_same_bits(target, layout, new)
+
+
+def test_blockwise_change_search_gives_the_same_delta(monkeypatch):
+    # Large pieces are compared block by block (bounded mask); the result must not depend on the block size,
+    # including changes that sit on block boundaries.
+    from aurora_store.codec import extract as extract_module
+
+    layout = ModelLayout.from_config(TINY_QWEN3)
+    old = random_state(layout, seed=3)
+    new = perturb(old, fraction=0.03, seed=4)
+    embed = new["model.embed_tokens.weight"].view(-1)
+    for i in (0, 63, 64, 127, 128, embed.numel() - 1):  # boundaries of 64-element blocks
+        embed[i] = embed[i] + 1.0
+    whole, whole_segments = encode(layout, old, new, 1, 0, WeightsDigest())
+    monkeypatch.setattr(extract_module, "MASK_BLOCK", 64)
+    blocked, blocked_segments = encode(layout, old, new, 1, 0, WeightsDigest())
+    assert [s.data for s in blocked_segments] == [s.data for s in whole_segments]
+    assert blocked.weights_digest == whole.weights_digest and blocked.changed == whole.changed

@@ -1,0 +1,424 @@
+"""``python -m benchmarks scale``: the real publish, activation and snapshot paths at real Qwen3 sizes.
+
+For each size a generator subprocess writes two consecutive bf16 versions (Adam steps at a small learning
+rate) to raw files on local disk, chunk by chunk, so it never holds more than a chunk of fp32 optimiser
+state. Then, each in its own subprocess so ``ru_maxrss`` is that path's alone:
+
+* publisher — maps both versions (what a trainer holds: the previously published bf16 copy and the new
+  one), runs a plain bit-compare scan of the same tensors, and publishes version 1 to the local S3 server
+  (:class:`~aurora_store.testing.servers.S3Server`) through :class:`VersionPublisher` over S streams;
+* actor — loads version 0 into memory, fetches + verifies + stages + activates version 1 into a
+  :class:`TensorTarget`, then times a plain scatter of the same indices;
+* snapshot writer and snapshot loader (bootstrap).
+
+Times next to the scan/scatter of the same run are what count: the machines are shared and absolute seconds
+are noisy. Sizes whose two bf16 versions do not fit the memory budget are reported as skipped, with the
+measured figures that decided it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from aurora_store.codec.digest import ZERO, WeightsDigest, hash_range
+from aurora_store.codec.layout import ModelLayout
+
+_QWEN3 = {"model_type": "qwen3", "vocab_size": 151936, "head_dim": 128, "tie_word_embeddings": True}
+SIZES: dict[str, dict[str, Any]] = {
+    "qwen3-0.6b": {**_QWEN3, "hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16,
+                   "num_key_value_heads": 8, "intermediate_size": 3072},
+    "qwen3-1.7b": {**_QWEN3, "hidden_size": 2048, "num_hidden_layers": 28, "num_attention_heads": 16,
+                   "num_key_value_heads": 8, "intermediate_size": 6144},
+    "qwen3-4b": {**_QWEN3, "hidden_size": 2560, "num_hidden_layers": 36, "num_attention_heads": 32,
+                 "num_key_value_heads": 8, "intermediate_size": 9728},
+}
+QWEN3_8B = {**_QWEN3, "hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "intermediate_size": 12288, "tie_word_embeddings": False}
+#: A few-MB model with the same structure, for the test (``--tiny``).
+TINY: dict[str, dict[str, Any]] = {
+    "tiny-a": {**_QWEN3, "vocab_size": 2048, "head_dim": 32, "hidden_size": 128, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 384},
+    "tiny-b": {**_QWEN3, "vocab_size": 4096, "head_dim": 32, "hidden_size": 256, "num_hidden_layers": 3,
+               "num_attention_heads": 8, "num_key_value_heads": 4, "intermediate_size": 768},
+}
+PAPER_QWEN3_8B = {"delta_bytes": 202e6, "extraction_s": 5.0}
+_CHUNK = 1 << 23  # elements of fp32 optimiser state the generator holds at once (4 × 32 MiB)
+_GIB = 1 << 30
+
+
+# --- helpers shared by the roles ---------------------------------------------------------------------
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def _mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _train_tensors(layout: ModelLayout) -> Iterator[tuple[str, str, int, tuple[int, ...]]]:
+    """``(train name, inference name, flat offset in the inference tensor, shape)`` in layout order."""
+    for tensor in layout.tensors:
+        for comp in tensor.components:
+            lo, _ = tensor.component_span(comp)
+            yield comp.train_name, tensor.name, lo, tensor.component_shape(comp)
+
+
+def _open_version(workdir: Path, layout: ModelLayout, name: str, *, in_memory: bool) -> dict[str, torch.Tensor]:
+    """Training-layout bf16 tensors of one generated version: mapped from its file, or read into memory."""
+    path = workdir / f"{name}.bin"
+    flat = np.fromfile(path, dtype=np.int16) if in_memory else np.memmap(path, dtype=np.int16, mode="r")
+    whole = torch.from_numpy(flat) if in_memory else torch.frombuffer(flat, dtype=torch.int16)
+    state, pos = {}, 0
+    for train, _, _, shape in _train_tensors(layout):
+        n = math.prod(shape)
+        state[train] = whole[pos: pos + n].view(torch.bfloat16).reshape(shape)
+        pos += n
+    return state
+
+
+def _store(spec: dict[str, Any]):
+    from aurora_store.config import TransferSettings
+    from aurora_store.store.versions import DeltaStore
+
+    return DeltaStore(spec["bucket_url"], TransferSettings(streams=spec["streams"]))
+
+
+# --- roles (each runs in its own process) --------------------------------------------------------------
+
+def _role_generate(spec: dict[str, Any]) -> dict[str, Any]:
+    """Two consecutive bf16 versions from ``warmup`` + 1 Adam steps, chunk by chunk (Adam is elementwise)."""
+    layout = ModelLayout.from_config(spec["config"])
+    workdir = Path(spec["workdir"])
+    lr, warmup, seed = spec["lr"], spec["warmup"], spec["seed"]
+    digest = ZERO  # of the base version (the actor and the manifest need it; the new one follows from the delta)
+    t0 = time.perf_counter()
+    with open(workdir / "old.bin", "wb") as f_old, open(workdir / "new.bin", "wb") as f_new:
+        for train, name, lo, shape in _train_tensors(layout):
+            numel = math.prod(shape)
+            row = math.prod(shape[1:]) if len(shape) > 1 else numel
+            step = max(1, _CHUNK // row) * row
+            for start in range(0, numel, step):
+                n = min(step, numel - start)
+                key = hashlib.sha256(f"{seed}:{train}:{start}".encode()).digest()
+                rng = np.random.default_rng(int.from_bytes(key[:8], "little"))  # numpy's normals are ~10x torch's
+                if len(shape) == 1:
+                    master = torch.ones(n) if "norm" in train else torch.zeros(n)
+                else:
+                    # Master weights start from a bf16 checkpoint, as when fine-tuning a released model.
+                    init = torch.from_numpy(rng.standard_normal(n, dtype=np.float32)).mul_(0.02)
+                    master = init.to(torch.bfloat16).float()
+                m, v = torch.zeros(n), torch.zeros(n)
+                old = master.to(torch.bfloat16)
+                for t in range(1, warmup + 2):
+                    grad = torch.from_numpy(rng.standard_normal(n, dtype=np.float32))
+                    m.mul_(0.9).add_(grad, alpha=0.1)
+                    v.mul_(0.999).addcmul_(grad, grad, value=0.001)
+                    c1, c2 = 1 - 0.9**t, 1 - 0.999**t
+                    master.addcdiv_(m, v.div(c2).sqrt_().add_(1e-8), value=-lr / c1)
+                    if t == warmup:
+                        old = master.to(torch.bfloat16)
+                new = master.to(torch.bfloat16)
+                digest = digest + hash_range(name, lo + start, old.view(torch.int16))
+                f_old.write(old.view(torch.int16).numpy().tobytes())
+                f_new.write(new.view(torch.int16).numpy().tobytes())
+    return {"generate_s": time.perf_counter() - t0, "old_digest": str(digest), "peak_rss": _peak_rss_bytes()}
+
+
+def _scan(layout: ModelLayout, old: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> float:
+    t0 = time.perf_counter()
+    for (_, _, a), (_, _, b) in zip(layout.pieces(old), layout.pieces(new)):
+        torch.ne(a, b).nonzero()
+    return time.perf_counter() - t0
+
+
+def _role_publish(spec: dict[str, Any]) -> dict[str, Any]:
+    from aurora_store.codec.encoder import pieces_from_states
+    from aurora_store.codec.params import CodecParams
+    from aurora_store.store.publisher import VersionPublisher
+
+    layout = ModelLayout.from_config(spec["config"])
+    workdir = Path(spec["workdir"])
+    old = _open_version(workdir, layout, "old", in_memory=False)
+    new = _open_version(workdir, layout, "new", in_memory=False)
+    store = _store(spec)
+    publisher = VersionPublisher(store, layout, CodecParams(), streams=spec["streams"], record_history=False)
+    scans = [_scan(layout, old, new)]  # also faults both versions in, as a trainer's resident weights
+    t0 = time.perf_counter()
+    report = publisher.publish(1, 0, WeightsDigest.parse(spec["old_digest"]), pieces_from_states(layout, old, new))
+    publish_s = time.perf_counter() - t0
+    scans.append(_scan(layout, old, new))
+    manifest = report.manifest
+    return {"new_digest": manifest.weights_digest, "publish_s": publish_s,
+            "encode_s": report.encode_s, "upload_s": report.upload_s,
+            "scan_s": min(scans), "changed": manifest.changed_total, "segments": report.segments,
+            "delta_bytes": report.total_bytes, "peak_rss": _peak_rss_bytes()}
+
+
+def _role_actor(spec: dict[str, Any]) -> dict[str, Any]:
+    from aurora_store.codec.decoder import activate
+    from aurora_store.codec.target import TensorTarget
+    from aurora_store.store.replay import stage_version
+
+    layout = ModelLayout.from_config(spec["config"])
+    workdir = Path(spec["workdir"])
+    weights = _open_version(workdir, layout, "old", in_memory=True)  # an actor's resident weights
+    target = TensorTarget.from_state(layout, weights, version=0, digest=WeightsDigest.parse(spec["old_digest"]))
+    store = _store(spec)
+    t0 = time.perf_counter()
+    staged = stage_version(store, 1, target, streams=spec["streams"])
+    stage_s = time.perf_counter() - t0
+    activate(staged, target)
+    activate_s = time.perf_counter() - t0
+    rss = _peak_rss_bytes()
+    t0 = time.perf_counter()
+    for update in staged.updates:  # the plain scatter of the same indices (same values: idempotent)
+        target.scatter(update.tensor, update.indices, update.bits)
+    scatter_s = time.perf_counter() - t0
+    # Where the staging time goes, re-measured piece by piece (fetch alone; the digest work of staging:
+    # hashing old and new bits at every changed index).
+    from aurora_store.codec.digest import hash_elements
+    from aurora_store.store.transfer import fetch_segments
+
+    t0 = time.perf_counter()
+    fetched = sum(len(data) for _, data in fetch_segments(store, store.manifest(1).segments,
+                                                          streams=spec["streams"]))
+    fetch_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for update in staged.updates:
+        hash_elements(update.tensor, update.indices, update.bits)
+    digest_s = 2 * (time.perf_counter() - t0)
+    new = _open_version(workdir, layout, "new", in_memory=False)
+    exact = all(torch.equal(weights[k].view(torch.int16), new[k].view(torch.int16)) for k in weights)
+    return {"activate_s": activate_s, "stage_s": stage_s, "scatter_s": scatter_s, "bit_exact": exact,
+            "fetch_s": fetch_s, "fetched_bytes": fetched, "digest_s": digest_s,
+            "staged_bytes": sum(u.indices.numel() * 8 + u.bits.numel() * 2 for u in staged.updates),
+            "peak_rss": rss}
+
+
+def _role_snapshot_write(spec: dict[str, Any]) -> dict[str, Any]:
+    from aurora_store.store.snapshots import write_snapshot
+
+    layout = ModelLayout.from_config(spec["config"])
+    new = _open_version(Path(spec["workdir"]), layout, "new", in_memory=False)
+    store = _store(spec)
+    t0 = time.perf_counter()
+    manifest = write_snapshot(store, 1, new, layout, WeightsDigest.parse(spec["new_digest"]),
+                              shard_bytes=spec["shard_bytes"])
+    return {"snapshot_write_s": time.perf_counter() - t0, "snapshot_bytes": manifest.total_bytes,
+            "peak_rss": _peak_rss_bytes()}
+
+
+def _role_snapshot_load(spec: dict[str, Any]) -> dict[str, Any]:
+    from aurora_store.store.snapshots import load_snapshot
+
+    layout = ModelLayout.from_config(spec["config"])
+    store = _store(spec)
+    t0 = time.perf_counter()
+    state, _ = load_snapshot(store, 1, layout)  # verifies every file's SHA-256 and the weights digest
+    return {"snapshot_load_s": time.perf_counter() - t0, "tensors": len(state), "peak_rss": _peak_rss_bytes()}
+
+
+ROLES = {"generate": _role_generate, "publish": _role_publish, "actor": _role_actor,
+         "snapshot_write": _role_snapshot_write, "snapshot_load": _role_snapshot_load}
+
+
+def _run_role(role: str, spec: dict[str, Any], env: dict[str, str], timeout: float) -> dict[str, Any]:
+    spec_path = Path(spec["workdir"]) / f"{role}.json"
+    spec_path.write_text(json.dumps(spec))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.scale", "--role", role, "--spec", str(spec_path)],
+                          env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{role} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# --- one size, the fit, the whole run ------------------------------------------------------------------
+
+def _measure(name: str, config: dict[str, Any], *, server, streams: int, lr: float, warmup: int,
+             budget: int, root: Path, env: dict[str, str], timeout: float) -> dict[str, Any]:
+    layout = ModelLayout.from_config(config)
+    model_bytes = layout.nbytes
+    available = _mem_available()
+    need = 2 * model_bytes  # the publisher's previous + new bf16 versions, resident together
+    if need > min(budget, available):
+        return {"params": layout.numel, "full_bytes": model_bytes,
+                "skipped": f"previous + new bf16 versions need {need / _GIB:.1f} GiB resident in the publisher; "
+                           f"budget {budget / _GIB:.1f} GiB, MemAvailable measured {available / _GIB:.1f} GiB"}
+    workdir = root / name
+    workdir.mkdir(parents=True)
+    bucket = f"scale-{name.replace('.', '-')}-{uuid.uuid4().hex[:6]}"
+    server.create_bucket(bucket)
+    spec: dict[str, Any] = {"config": config, "workdir": str(workdir), "lr": lr, "warmup": warmup, "seed": 0,
+                            "streams": streams, "bucket_url": server.bucket_url(bucket),
+                            "shard_bytes": 1 << 30}
+    try:
+        gen = _run_role("generate", spec, env, timeout)
+        spec.update(old_digest=gen["old_digest"])
+        pub = _run_role("publish", spec, env, timeout)
+        spec.update(new_digest=pub["new_digest"])  # the snapshot loader checks the files hash to it
+        act = _run_role("actor", spec, env, timeout)
+        (workdir / "old.bin").unlink()
+        snap_w = _run_role("snapshot_write", spec, env, timeout)
+        snap_l = _run_role("snapshot_load", spec, env, timeout)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    changed = pub["changed"]
+    return {
+        "params": layout.numel, "density": changed / layout.numel, "changed": changed,
+        "bytes_per_changed": pub["delta_bytes"] / changed if changed else None,
+        "delta_bytes": pub["delta_bytes"], "full_bytes": model_bytes,
+        "compression_vs_full": model_bytes / pub["delta_bytes"],
+        "segments": pub["segments"],
+        "publish_s": pub["publish_s"], "encode_s": pub["encode_s"], "scan_s": pub["scan_s"],
+        "publish_vs_scan": pub["publish_s"] / pub["scan_s"],
+        "activate_s": act["activate_s"], "stage_s": act["stage_s"], "scatter_s": act["scatter_s"],
+        "activate_vs_scatter": act["activate_s"] / act["scatter_s"], "bit_exact": act["bit_exact"],
+        "actor_fetch_s": act["fetch_s"], "actor_digest_s": act["digest_s"],
+        "actor_staged_bytes": act["staged_bytes"],
+        "snapshot_write_s": snap_w["snapshot_write_s"], "snapshot_load_s": snap_l["snapshot_load_s"],
+        "snapshot_bytes": snap_w["snapshot_bytes"],
+        "publisher_peak_rss_vs_model": pub["peak_rss"] / model_bytes,
+        "actor_peak_rss_vs_model": act["peak_rss"] / model_bytes,
+        "snapshot_writer_peak_rss_vs_model": snap_w["peak_rss"] / model_bytes,
+        "snapshot_loader_peak_rss_vs_model": snap_l["peak_rss"] / model_bytes,
+        "generator_peak_rss_vs_model": gen["peak_rss"] / model_bytes,
+        "generate_s": gen["generate_s"],
+    }
+
+
+def fit_exponent(params: list[float], times: list[float]) -> tuple[float, float] | None:
+    """Least-squares ``log t = k log p + c`` → ``(k, c)``; None with fewer than two sizes."""
+    if len(params) < 2:
+        return None
+    k, c = np.polyfit(np.log(params), np.log(times), 1)
+    return float(k), float(c)
+
+
+def run(sizes: dict[str, dict[str, Any]], *, streams: int = 4, lr: float = 1e-6, warmup: int = 2,
+        budget_gib: float = 8.5, timeout: float = 3600.0) -> dict[str, Any]:
+    from aurora_store.testing.servers import S3Server
+
+    root = Path(tempfile.mkdtemp(prefix="aurora-scale-"))
+    results: dict[str, Any] = {}
+    try:
+        (root / "s3").mkdir()
+        with S3Server(data_dir=str(root / "s3")).start() as server:
+            env = {**os.environ, **server.env(), "PYTHONPATH": os.pathsep.join(
+                [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+            for name, config in sizes.items():
+                try:
+                    results[name] = _measure(name, config, server=server, streams=streams, lr=lr, warmup=warmup,
+                                             budget=int(budget_gib * _GIB), root=root, env=env, timeout=timeout)
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:  # keep the sizes already measured
+                    results[name] = {"params": ModelLayout.from_config(config).numel, "failed": str(exc)[-500:]}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return summarize(results, streams=streams, lr=lr, warmup=warmup, budget_gib=budget_gib)
+
+
+def summarize(results: dict[str, Any], *, streams: int, lr: float, warmup: int, budget_gib: float) -> dict[str, Any]:
+    """The output object: per-size figures, growth exponents over the measured sizes, the 8B extrapolation."""
+    measured = [r for r in results.values() if "skipped" not in r and "failed" not in r]
+    ps = [float(r["params"]) for r in measured]
+    pub_fit = fit_exponent(ps, [r["publish_s"] for r in measured])
+    act_fit = fit_exponent(ps, [r["activate_s"] for r in measured])
+    big = ModelLayout.from_config(QWEN3_8B)
+    extrapolated: dict[str, Any] = {"params": big.numel, "full_bytes": big.nbytes, "paper": PAPER_QWEN3_8B}
+    if measured:
+        largest = max(measured, key=lambda r: r["params"])
+        extrapolated["delta_bytes"] = largest["bytes_per_changed"] * largest["density"] * big.numel
+        extrapolated["basis"] = "bytes/changed and density of the largest measured size; time from the fit"
+    if pub_fit is not None and act_fit is not None:
+        extrapolated["publish_s"] = math.exp(pub_fit[1]) * big.numel ** pub_fit[0]
+        extrapolated["activate_s"] = math.exp(act_fit[1]) * big.numel ** act_fit[0]
+    return {
+        "bench": "scale", "lr": lr, "warmup_steps": warmup, "streams": streams,
+        "memory_budget_gib": budget_gib, "torch_threads": torch.get_num_threads(),
+        "note": "publisher maps both versions from local files (RSS counts their resident pages); the actor "
+                "holds version 0 in anonymous memory",
+        "sizes": results,
+        "publish_exponent": pub_fit[0] if pub_fit else None,
+        "activate_exponent": act_fit[0] if act_fit else None,
+        "extrapolated_qwen3_8b": extrapolated,
+    }
+
+
+def merge(outputs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One object from several runs' outputs (e.g. sizes measured by separate invocations); later ones win."""
+    first = outputs[0]
+    results: dict[str, Any] = {}
+    for out in outputs:
+        results.update(out["sizes"])
+    merged = summarize(results, streams=first["streams"], lr=first["lr"], warmup=first["warmup_steps"],
+                       budget_gib=first["memory_budget_gib"])
+    merged["merged_runs"] = len(outputs)
+    return merged
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
+    parser.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated, from {', '.join(SIZES)}")
+    parser.add_argument("--streams", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--warmup", type=int, default=2, help="Adam steps before the measured one")
+    parser.add_argument("--memory-budget-gib", type=float, default=8.5,
+                        help="skip sizes whose publisher would hold more than this resident")
+    parser.add_argument("--tiny", action="store_true", help="two few-MB models of the same shape (quick check)")
+    parser.add_argument("--merge", nargs="+", metavar="JSON",
+                        help="combine earlier outputs (sizes measured by separate runs) into one object and fit")
+
+
+def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    if args.merge:
+        return merge([json.loads(Path(path).read_text()) for path in args.merge])
+    if args.tiny:
+        sizes = TINY
+    else:
+        names = [s.strip() for s in args.sizes.split(",") if s.strip()]
+        unknown = [n for n in names if n not in SIZES]
+        if unknown:
+            raise SystemExit(f"unknown sizes {unknown}; choose from {list(SIZES)}")
+        sizes = {n: SIZES[n] for n in names}
+    return run(sizes, streams=args.streams, lr=args.lr, warmup=args.warmup, budget_gib=args.memory_budget_gib)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m benchmarks scale", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
+    parser.add_argument("--spec", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.role:
+        result = ROLES[args.role](json.loads(Path(args.spec).read_text()))
+    else:
+        result = run_from_args(args)
+    json.dump(result, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
