@@ -25,7 +25,7 @@ def test_two_tp_ranks_activate_the_chain_bit_exactly(published_run):
         assert engine.target.tensor_parallel == 2
         assert engine.target.full_digest() == published_run.digests[0]
         records = apply_chain(engine, published_run.store, range(1, CHAIN + 1))
-        assert all(r["rpc"].get("aurora_scatter") == 1 for r in records), records  # one RPC reaches both ranks
+        assert all(r["rpc"].get("update_weights") == 1 for r in records), records  # one update reaches both ranks
         assert engine.target.digest == published_run.digests[CHAIN]
         assert engine.target.full_digest() == published_run.digests[CHAIN]
         expected = fused_bits(layout, published_run.states[CHAIN])

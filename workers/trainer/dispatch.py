@@ -176,15 +176,16 @@ class Dispatcher:
         settled: list[tuple[str, dict]] = []
         for _, arrival, result in entries:
             self._handle(ledger, result, arrival, settled)
-        self.plane.log_events(settled)  # one round trip for the whole read, not one per result
         self.plane.ack_results([entry_id for entry_id, _, _ in entries])
         expired = ledger.expire(now)
-        self._measure(ledger)
         if expired:
             self.stats.expired += len(expired)
             self.metrics.leases.labels("expired").inc(len(expired))
-            self.plane.log_event("expire", step=ledger.step, leases=len(expired),
-                                 actors=sorted({r.actor_id for r in expired}))
+            settled.append(("expire", dict(step=ledger.step, leases=len(expired),
+                                           actors=sorted({r.actor_id for r in expired}))))
+        self._measure(ledger, settled)
+        # One round trip for every record of this pump (settlements, expiries, measurements), not one each.
+        self.plane.log_events(settled)
         if ledger.pool:
             self._regrant(ledger)
 
@@ -219,14 +220,15 @@ class Dispatcher:
         if self.on_verdict is not None:
             self.on_verdict(verdict.reason, result, verdict)
 
-    def _measure(self, ledger: StepLedger) -> None:
-        """Fold every settled hold window into the estimates (the paper's EMA after each settlement)."""
+    def _measure(self, ledger: StepLedger, records: list[tuple[str, dict]]) -> None:
+        """Fold every settled hold window into the estimates (the paper's EMA after each settlement); the
+        ``measure`` run-log records are appended to ``records`` (written in one batch by the caller)."""
         for m in ledger.take_measurements():
             estimate = self.estimator.observe_settlement(m)
             self.metrics.throughput_estimate.labels(m.actor_id).set(estimate)
-            self.plane.log_event("measure", step=ledger.step, actor=m.actor_id, tokens=m.tokens,
-                                 seconds=round(m.seconds, 3), tokens_per_s=round(m.tokens_per_s, 2),
-                                 estimate=round(estimate, 2))
+            records.append(("measure", dict(step=ledger.step, actor=m.actor_id, tokens=m.tokens,
+                                            seconds=round(m.seconds, 3), tokens_per_s=round(m.tokens_per_s, 2),
+                                            estimate=round(estimate, 2))))
 
     def _regrant(self, ledger: StepLedger) -> None:
         elig, _ = self._eligible(ledger.version)
