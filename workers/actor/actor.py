@@ -129,6 +129,7 @@ class Actor:
                 source = None
         self.sources = VersionSources(self.regional, source, self.config.region, info.get("home_region", ""),
                                       self.plane, self.actor_id)
+        self.sources.wait_for_relay(self.plane.heartbeat_ttl_s)
         self.sources.refresh()
         store = self.sources.store()
         if not store.snapshot_versions() and source is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -58,6 +59,19 @@ class VersionSources:
         log.warning("relay for %s is %s: reading from the %s bucket", self.region,
                     "gone" if want else "back", "source" if want else "regional")
         self.plane.log_event("source_switch", actor=self.actor_id, region=self.region, fallback=int(want))
+        return True
+
+    def wait_for_relay(self, timeout_s: float) -> bool:
+        """At start, give the region's relay as long as one heartbeat TTL to be seen, so that actors started
+        together with their relay do not begin on the source bucket (and switch back seconds later). Returns
+        whether a relay was seen; after the timeout :meth:`refresh` falls back as usual."""
+        if self.is_home:
+            return True
+        deadline = time.monotonic() + timeout_s
+        while self.plane.relay(self.region) is None:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
         return True
 
     def store(self) -> DeltaStore:
