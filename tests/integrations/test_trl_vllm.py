@@ -21,6 +21,7 @@ pytest.importorskip("trl", reason="TRL is not installed (pip install -e '.[dev]'
 from aurora_store.codec import ModelLayout, WeightsDigest, digest_state
 from aurora_store.store import DeltaStore, open_bucket
 from aurora_store.store.snapshots import load_snapshot
+from aurora_store.testing.servers import environment
 from aurora_store.trust import generate_keypair
 from workers.rl.model import DEFAULT_CONFIG, build_model, warm_start
 from workers.rl.task import AdditionTask, build_tokenizer
@@ -121,22 +122,17 @@ def llm(trained):
     # (test_plugin_entry_point_registers_the_backend checks that path); calling it here makes the test
     # independent of which checkout the venv's editable install points at.
     vllm_backend.register()
-    saved = {k: os.environ.get(k) for k in ("VLLM_ENABLE_V1_MULTIPROCESSING", "HF_HUB_OFFLINE",
-                                             "VLLM_CPU_KVCACHE_SPACE")}
-    os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    vllm_env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     envs.disable_envs_cache()
     try:
-        # The worker extension is only the test's independent read-out (digest, bits); updates go through
-        # the backend.
-        engine = LLM(model=str(trained.snapshot_dir), dtype="bfloat16", enforce_eager=True, max_model_len=64,
-                     seed=0, weight_transfer_config={"backend": "aurora"}, worker_extension_cls=EXTENSION_PATH)
+        with environment(vllm_env):
+            # The worker extension is only the test's independent read-out (digest, bits); updates go
+            # through the backend.
+            engine = LLM(model=str(trained.snapshot_dir), dtype="bfloat16", enforce_eager=True,
+                         max_model_len=64, seed=0, weight_transfer_config={"backend": "aurora"},
+                         worker_extension_cls=EXTENSION_PATH)
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        envs.disable_envs_cache()
+        envs.disable_envs_cache()  # vLLM caches what it read; drop it so later readers see the restored values
     assert engine.collective_rpc("aurora_attach", args=(trained.layout.to_json(),)) == [[]]
     try:
         yield engine
