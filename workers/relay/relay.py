@@ -1,7 +1,8 @@
 """The relay process: one per remote region, the region's single cross-region copy of every version.
 
 It copies each segment from the source bucket into the regional bucket as soon as the trainer announces
-it (cut-through: before the manifest exists), over parallel streams, through a hot cache; when the
+it (cut-through: before the manifest exists), over parallel streams, through a hot cache that it serves to
+the region's actors (:mod:`workers.relay.serve`), announcing each segment there once cached; when the
 manifest is announced it makes sure every segment is there, writes the manifest bytes unchanged (create-
 only) and re-announces ``staged`` — and, once the trainer commits, ``commit`` — on the region's stream. A
 restarted relay re-reads both buckets and copies only what the regional bucket lacks.
