@@ -152,7 +152,7 @@ class Relay:
         elif config.serve_cache:
             log.warning("no cache token (--cache-token / AURORA_CACHE_TOKEN): not serving the hot cache")
         self.announced: set[str] = set()  # segments announced to the region as servable
-        self.cached_by_version: dict[int, set[str]] = {}
+        self.segments_by_version: dict[int, set[str]] = {}
 
     # --- copying ---------------------------------------------------------------------------------
 
@@ -169,17 +169,19 @@ class Relay:
             self.cache.put(ref.digest, data)
         if version is not None:
             with self._lock:
-                self.cached_by_version.setdefault(version, set()).add(ref.digest)
-        self._announce_servable(ref, version)
+                self.segments_by_version.setdefault(version, set()).add(ref.digest)
+        if self.server is not None and self.cache.holds(ref.digest):
+            self._announce(ref, version)  # servable from here now, before the regional write
         self.dest.put_segment(ref, data)
         with self._lock:
             self.present.add(ref.digest)
+        self._announce(ref, version)  # readable from the regional bucket (once per segment either way)
         self.progress_at = time.monotonic()
 
-    def _announce_servable(self, ref: SegmentRef, version: int | None) -> None:
-        """Cut-through into the region: tell its actors a segment can be read from here now, before the
-        regional write (which they would otherwise wait for, with the manifest)."""
-        if self.server is None or version is None or not self.cache.holds(ref.digest):
+    def _announce(self, ref: SegmentRef, version: int | None) -> None:
+        """Cut-through into the region: tell its actors a segment of ``version`` is readable, so that they
+        prefetch it instead of waiting for the manifest."""
+        if version is None:
             return
         with self._lock:
             if ref.digest in self.announced:
@@ -199,9 +201,9 @@ class Relay:
     def _evict_before(self, version: int) -> None:
         """Keep the current and the next version hot: readers of older ones read the regional bucket."""
         with self._lock:
-            old = [v for v in self.cached_by_version if v < version]
-            keep = set().union(*(d for v, d in self.cached_by_version.items() if v >= version))
-            gone = set().union(*(self.cached_by_version.pop(v) for v in old)) - keep
+            old = [v for v in self.segments_by_version if v < version]
+            keep = set().union(*(d for v, d in self.segments_by_version.items() if v >= version))
+            gone = set().union(*(self.segments_by_version.pop(v) for v in old)) - keep
             self.announced -= gone
         if gone:
             self.cache.discard(gone)
