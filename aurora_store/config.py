@@ -106,10 +106,14 @@ class CommandDefaults:
     signing_key: str | None = None  # AURORA_SIGNING_KEY: sign manifests with it
     redis: str | None = None  # AURORA_REDIS
     run: str | None = None  # AURORA_RUN
+    # AURORA_CACHE_TOKEN: the run's bearer secret for the relays' segment caches (relay serves, actors read);
+    # from the environment rather than the command line, where other users of the host could read it.
+    cache_token: str | None = None
 
     @classmethod
     def from_env(cls) -> CommandDefaults:
         def get(name: str) -> str | None:
             return os.environ.get(name) or None
 
-        return cls(get("AURORA_TRAINER_PUBLIC_KEY"), get("AURORA_SIGNING_KEY"), get("AURORA_REDIS"), get("AURORA_RUN"))
+        return cls(get("AURORA_TRAINER_PUBLIC_KEY"), get("AURORA_SIGNING_KEY"), get("AURORA_REDIS"), get("AURORA_RUN"),
+                   get("AURORA_CACHE_TOKEN"))

@@ -50,6 +50,22 @@ class Metrics:
         self.cache_hits = Counter("aurora_cache_hits", "Hot-cache hits", registry=r)
         self.cache_misses = Counter("aurora_cache_misses", "Hot-cache misses", registry=r)
         self.cache_hit_ratio = Gauge("aurora_cache_hit_ratio", "Hot-cache hits / lookups", registry=r)
+        self.cache_served_bytes = Counter("aurora_cache_served_bytes", "Segment bytes the relay's cache served to "
+                                          "its region's actors", registry=r)
+        self.cache_refused = Counter("aurora_cache_refused", "Cache requests refused, by reason (auth: missing or "
+                                     "wrong token, busy: over the concurrency bound)", ["reason"], registry=r)
+        # actors: where segment bytes came from, prefetching
+        self.segment_reads = Counter("aurora_segment_reads", "Segments an actor read, by source (prefetched, "
+                                     "relay_cache, bucket)", ["source"], registry=r)
+        self.relay_cache_reads = Counter("aurora_relay_cache_reads", "An actor's reads from its relay's cache, by "
+                                         "outcome (hit, miss, error, corrupt)", ["outcome"], registry=r)
+        self.prefetched_bytes = Counter("aurora_prefetched_bytes", "Segment bytes fetched before their manifest "
+                                        "was read", registry=r)
+        self.prefetch_dropped_bytes = Counter("aurora_prefetch_dropped_bytes", "Prefetched bytes dropped unused "
+                                              "(not named by the manifest, or superseded)", registry=r)
+        self.staged_after_manifest_seconds = Histogram("aurora_staged_after_manifest_seconds", "From the actor "
+                                                       "learning of a version's manifest until it is staged",
+                                                       buckets=_SECONDS, registry=r)
         # generation
         self.tokens_per_second = Gauge("aurora_tokens_per_second", "Measured generation throughput", registry=r)
         self.tokens = Counter("aurora_tokens_generated", "Tokens generated", registry=r)
@@ -66,6 +82,12 @@ class Metrics:
         self.reward = Gauge("aurora_reward", "Mean reward of the latest step's rollouts", registry=r)
         for event in ("granted", "expired", "returned"):
             self.leases.labels(event)
+        for reason in ("auth", "busy"):
+            self.cache_refused.labels(reason)
+        for source in ("prefetched", "relay_cache", "bucket"):
+            self.segment_reads.labels(source)
+        for outcome in ("hit", "miss", "error", "corrupt"):
+            self.relay_cache_reads.labels(outcome)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         start_http_server(port, addr=addr, registry=self.registry)

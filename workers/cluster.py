@@ -4,6 +4,7 @@ processes. The demo, the end-to-end tests and the chaos suite all drive the syst
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,7 +50,10 @@ class LocalCluster:
         for url in self.buckets.values():
             if "://" not in url:
                 Path(url).mkdir(parents=True, exist_ok=True)
-        self.group = ProcessGroup(self.run_dir / "logs", env=dict(spec.env))
+        # The run's secret for the relays' segment caches (relays serve, actors read), through the environment.
+        env = {"AURORA_CACHE_TOKEN": secrets.token_urlsafe(24), **spec.env}
+        self.cache_token = env["AURORA_CACHE_TOKEN"]
+        self.group = ProcessGroup(self.run_dir / "logs", env=env)
         self.signing_key: Path | None = None
         self.public_key: Path | None = None
         if spec.signing:
@@ -122,6 +126,7 @@ class LocalCluster:
         name = name or f"relay-{region}"
         return self.group.start(name, "workers.relay", [*self._metrics_args(name),
             "--source", self.buckets[self.spec.home], "--dest", self.buckets[region], "--region", region,
+            "--cache-bind", "127.0.0.1", "--cache-port", "0", "--cache-host", "127.0.0.1",
             *self.common, *self.trust_args, *self.spec.relay_args, *(extra or [])])
 
     def start_actor(self, actor_id: str, region: str, extra: list[str] | None = None, *,

@@ -125,6 +125,7 @@ class RelayState(_Message):
     cache_hits: int
     cache_misses: int
     heartbeat_ms: int
+    cache_url: str | None = None  # where the region's actors read segments from its hot cache; None: not served
 
 
 @dataclass(frozen=True)

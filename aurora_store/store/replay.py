@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -10,7 +10,7 @@ from safetensors.torch import load as load_safetensors
 
 from aurora_store.codec.decoder import StagedDelta, StagedSnapshot, TensorUpdate, activate, check_applicable, stage
 from aurora_store.codec.digest import WeightsDigest, hash_elements
-from aurora_store.codec.manifest import DeltaManifest
+from aurora_store.codec.manifest import DeltaManifest, SegmentRef
 from aurora_store.codec.target import WeightTarget
 from aurora_store.errors import BaseVersionMismatchError, DigestMismatchError, LayoutMismatchError
 from aurora_store.progress import Progress
@@ -20,21 +20,28 @@ from aurora_store.store.versions import DeltaStore
 
 ManifestCheck = Callable[[DeltaManifest], None]
 SnapshotCheck = Callable[[SnapshotManifest], None]
+#: Fetches a checked manifest's segments (each verified against its SHA-256), yielding them in any order:
+#: ``(version, refs) -> (ref, bytes)…``. The default downloads them all from the store.
+SegmentFetcher = Callable[[int, Sequence[SegmentRef]], Iterator[tuple[SegmentRef, bytes]]]
 
 
 def stage_version(store: DeltaStore, version: int, target: WeightTarget, *, streams: int | None = None,
                   verify_manifest: ManifestCheck | None = None, progress: bool = False,
-                  on_fetched: Callable[[int], None] | None = None) -> StagedDelta:
+                  on_fetched: Callable[[int], None] | None = None,
+                  fetch: SegmentFetcher | None = None) -> StagedDelta:
     """Fetch ``version`` over parallel streams and stage it against ``target`` (no writes).
 
     The manifest is checked (signature via ``verify_manifest``, base, layout, base digest) before any
-    segment is downloaded.
+    segment is downloaded. ``fetch`` replaces the download (an actor's prefetched segments and its relay's
+    cache); ``on_fetched`` and the progress bar then see nothing.
     """
     manifest = store.manifest(version)
     if verify_manifest is not None:
         verify_manifest(manifest)
     check_applicable(manifest, target)
     bar = Progress(manifest.segment_bytes, f"v{version}", interactive=None if progress else False)
+    if fetch is not None:
+        return stage(manifest, fetch(version, manifest.segments), target)
     with bar:
         segments = fetch_segments(store, manifest.segments, streams=streams, progress=bar,
                                   on_fetched=(lambda _ref, n: on_fetched(n)) if on_fetched else None)

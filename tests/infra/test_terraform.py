@@ -58,6 +58,7 @@ TEMPLATE_VALUES = {
     "metrics_port": "9400",
     "model_url": "hf://Qwen/Qwen3-0.6B",
     "stop_timeout_s": "90",
+    "cache_port": "8470",
     "signing_key_secret_id": "aurora/demo/trainer-signing-key",
     "data_device": "/dev/disk/by-id/google-aurora-ckpt",
     "data_volume_tag": "aurora-checkpoint-volume",

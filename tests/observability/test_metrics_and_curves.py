@@ -59,7 +59,12 @@ def test_every_process_serves_its_series(run):
     assert trainer["aurora_encode_seconds_count"] >= 4 and trainer["aurora_leases_total{event=granted}"] >= 64
     assert any(k.startswith("aurora_scheduler_share{actor=") for k in trainer)
     assert relay["aurora_cross_region_bytes_total"] > 0 and relay["aurora_version_published"] >= 3
-    assert 0 <= relay["aurora_cache_hit_ratio"] <= 1
+    # The hot cache serves the region's actor (cut-through): hits, bytes served, and the actor's side of it.
+    assert relay["aurora_cache_hits_total"] > 0 and relay["aurora_cache_served_bytes_total"] > 0
+    assert 0 < relay["aurora_cache_hit_ratio"] <= 1
+    remote = live["actor-eu-west-1"]
+    assert remote["aurora_relay_cache_reads_total{outcome=hit}"] > 0 and remote["aurora_prefetched_bytes_total"] > 0
+    assert remote["aurora_staged_after_manifest_seconds_count"] >= 2
     for actor in ("actor-us-east-1", "actor-eu-west-1"):
         samples = live[actor]
         assert samples["aurora_tokens_per_second"] > 0 and samples["aurora_tokens_generated_total"] > 0

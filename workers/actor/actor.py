@@ -30,6 +30,7 @@ from aurora_store import logs
 from aurora_store.bus import ActorState, ControlPlane, Lease, RolloutResult
 from aurora_store.codec import Staged, activate
 from aurora_store.codec.digest import WeightsDigest
+from aurora_store.codec.manifest import SegmentRef
 from aurora_store.config import TransferSettings
 from aurora_store.errors import (
     AuroraError,
@@ -46,6 +47,8 @@ from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
 from aurora_store.trust import Verifier
 from workers.actor.cli import ActorConfig, parse_args
 from workers.actor.engine import Engine, load_engine
+from workers.actor.prefetch import Prefetcher, staging_fetcher
+from workers.actor.segments import RelayCache, read_segment
 from workers.actor.sources import BAD_COPY_ERRORS, VersionSources
 
 log = logging.getLogger("aurora.actor")
@@ -90,6 +93,14 @@ class Actor:
         # The trainer's key comes from the command line / environment, never from a bucket.
         # With a key, manifests must also name this actor's run (one key may sign several runs).
         self.verify = Verifier.load(config.trainer_public_key, config.run) if config.trainer_public_key else None
+        # Cut-through: segments announced for a newer version are fetched before its manifest (--no-prefetch:
+        # the store-and-forward baseline), from the relay's cache when it has them.
+        self.prefetcher = (Prefetcher(settings.streams, config.prefetch_bytes, self.metrics)
+                           if config.prefetch else None)
+        self._relay_cache: RelayCache | None = None
+        self.read_bytes = {"relay_cache": 0, "bucket": 0}  # where segment bytes came from (stager and prefetch)
+        self._bytes_lock = threading.Lock()  # segments are read on several threads at once
+        self._manifest_seen: dict[int, float] = {}  # version → when this actor learned its manifest exists
 
     # --- bootstrap -------------------------------------------------------------------------------
 
@@ -239,8 +250,12 @@ class Actor:
                 for region, entry_id, event in self.plane.read_events({r: cursors[r] for r in regions},
                                                                       block_ms=500):
                     cursors[region] = entry_id
+                    if event.kind == "segment":
+                        self._offer(event)
+                        continue
                     with self.lock:
                         if event.kind == "staged":
+                            self._manifest_seen.setdefault(event.version, time.monotonic())
                             self.known_latest = max(self.known_latest, event.version)
                         elif event.kind == "commit":
                             self.committed = max(self.committed, event.version)
@@ -250,6 +265,8 @@ class Actor:
                     newer = self.sources.store().versions(after=self.known_latest)
                     trainer = self.plane.trainer_state()
                     with self.lock:
+                        for version in newer:
+                            self._manifest_seen.setdefault(version, time.monotonic())
                         if newer:
                             self.known_latest = max(self.known_latest, newer[-1])
                         if trainer is not None:
@@ -258,6 +275,42 @@ class Actor:
             except (AuroraError, OSError) as exc:
                 log.warning("event loop error", extra={"error": str(exc)})
                 self.stopped.wait(0.5)
+
+    def _offer(self, event) -> None:
+        """A segment of a version being published is readable (from the trainer's bucket, or from the relay's
+        cache): prefetch it if the version is newer than the active one."""
+        if self.prefetcher is None or not event.segment or event.size is None or self.engine is None:
+            return
+        if event.version <= self.target.version:
+            return
+        store = self.sources.store()
+        self.prefetcher.offer(event.version, SegmentRef(event.segment, event.size, ()),
+                              lambda ref: self._read_segment(store, ref))
+
+    def _cache(self) -> RelayCache | None:
+        url = self.sources.cache_url if self.sources is not None else None
+        if url is None or not self.config.cache_token:
+            return None
+        cache = self._relay_cache
+        if cache is None or cache.url != url:
+            try:
+                cache = self._relay_cache = RelayCache(url, self.config.cache_token, self.metrics,
+                                                       self.config.cache_timeout_s)
+            except ValueError:
+                log.warning("ignoring the relay's unusable cache URL", extra={"url": url[:200]})
+                return None
+        return cache
+
+    def _read_segment(self, store: DeltaStore, ref: SegmentRef) -> bytes:
+        """One segment, verified: the relay's cache, else ``store`` (a miss, an error, a timeout or wrong
+        bytes from the cache all fall through)."""
+        cache = self._cache() if store is not self.sources.source else None
+        data, label = read_segment(ref, store, cache)
+        self.metrics.segment_reads.labels(label).inc()
+        with self._bytes_lock:
+            self.read_bytes[label] += len(data)
+            self._count_bytes(len(data))
+        return data
 
     def _stage(self, version: int, *, snapshot: bool = False) -> Staged:
         """Stage from the current bucket; if its copy is corrupt or tampered with (bad bytes, unparseable,
@@ -270,8 +323,9 @@ class Actor:
                                     verify_manifest=self.verify)
             self._count_bytes(staged.snapshot_bytes)
             return staged
+        fetch = staging_fetcher(lambda ref: self._read_segment(store, ref), self.settings.streams, self.prefetcher)
         return stage_version(store, version, self.target, streams=self.settings.streams,
-                             on_fetched=self._count_bytes, verify_manifest=self.verify)
+                             verify_manifest=self.verify, fetch=fetch)
 
     def _size(self, store: DeltaStore, kind: str, version: int) -> int:
         """Download bytes of a delta or snapshot (manifests are immutable: read once)."""
@@ -351,6 +405,7 @@ class Actor:
             try:
                 staged = self._stage(version, snapshot=True) if snapshot else self._stage(version)
                 self.metrics.fetch_seconds.observe(time.perf_counter() - started)
+                self._staged_now(version, started)
                 missing = False
             except VersionNotFoundError:
                 # Announced but not in this bucket yet (relay still copying), or gone (gc): the next pass
@@ -373,6 +428,22 @@ class Actor:
                     self.lock.notify_all()
             self.beat_now.set()
 
+    def _staged_now(self, version: int, started: float) -> None:
+        """Time from learning of the manifest to staged (the part cut-through shortens), with where the
+        bytes came from so far."""
+        now = time.monotonic()
+        seen = self._manifest_seen.pop(version, None)
+        seconds = now - seen if seen is not None else time.perf_counter() - started
+        for old in [v for v in self._manifest_seen if v < version]:
+            self._manifest_seen.pop(old, None)
+        self.metrics.staged_after_manifest_seconds.observe(seconds)
+        p = self.prefetcher
+        self.plane.log_event("stage", actor=self.actor_id, region=self.config.region, version=version,
+                             after_manifest_s=round(seconds, 4), cache_bytes=self.read_bytes["relay_cache"],
+                             bucket_bytes=self.read_bytes["bucket"], prefetched_bytes=p.prefetched_bytes if p else 0,
+                             prefetch_used_bytes=p.used_bytes if p else 0,
+                             prefetch_dropped_bytes=p.dropped_bytes if p else 0)
+
     # --- the main loop ---------------------------------------------------------------------------
 
     def _activate_ready(self) -> None:
@@ -392,6 +463,8 @@ class Actor:
                 self.staged = None
                 self.activations += 1
                 self.lock.notify_all()
+            if self.prefetcher is not None:
+                self.prefetcher.retire(self.target.version)
             self.beat_now.set()
             seconds = time.perf_counter() - started
             self.metrics.activate_seconds.observe(seconds)
@@ -551,6 +624,8 @@ class Actor:
             log.info("left", extra={"returned": returned})
         except AuroraError as exc:
             log.warning("could not deregister cleanly", extra={"error": str(exc)})
+        if self.prefetcher is not None:
+            self.prefetcher.close()
         if self.engine is not None:
             self.engine.close()
 

@@ -6,7 +6,7 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
-from aurora_store.config import default_run_name
+from aurora_store.config import CommandDefaults, default_run_name
 from workers.actor.engine import EngineOptions
 
 
@@ -33,6 +33,10 @@ class ActorConfig:
     engine_options: EngineOptions = field(default_factory=EngineOptions)  # --device, vLLM flags
     throttle_file: str | None = None  # tests: a tokens/s cap read before every batch, hidden from the self-report
     claim_tokens_per_s: float | None = None  # tests: a boastful actor reports this instead of what it measured
+    prefetch: bool = True  # fetch announced segments of newer versions before their manifest exists
+    prefetch_bytes: int = 512 << 20  # held + in flight at most; beyond, staging fetches
+    cache_token: str | None = None  # the run's bearer secret for the relay's segment cache; None: bucket only
+    cache_timeout_s: float = 5.0  # a cache read slower than this falls through to the bucket
 
 
 def default_engine() -> str:
@@ -92,6 +96,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="vLLM: fraction of GPU memory for weights and KV cache (default: vLLM's)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="vLLM: tensor-parallel ranks; each scatters its own slice of every delta")
+    parser.add_argument("--no-prefetch", dest="prefetch", action="store_false",
+                        help="do not fetch announced segments before their manifest exists (the store-and-forward "
+                             "baseline)")
+    parser.add_argument("--prefetch-bytes", type=int, default=512 << 20,
+                        help="memory for prefetched segments (held and in flight); beyond it, staging fetches")
+    parser.add_argument("--cache-token", default=CommandDefaults.from_env().cache_token,
+                        help="the run's bearer secret for the relay's segment cache (default AURORA_CACHE_TOKEN, "
+                             "preferred: command lines are visible to other users); without one, buckets only")
+    parser.add_argument("--cache-timeout", dest="cache_timeout_s", type=float, default=5.0,
+                        help="seconds before a relay-cache read falls through to the bucket")
     return parser
 
 
@@ -105,5 +119,7 @@ def parse_args(argv: list[str] | None = None) -> ActorConfig:
         max_new_tokens=args.max_new_tokens, slowdown=args.slowdown, seed=args.seed,
         verify_full_digest=args.verify_full_digest, sim_tokens_per_s=args.sim_tokens_per_s,
         full_sync=args.full_sync, throttle_file=args.throttle_file, claim_tokens_per_s=args.claim_tokens_per_s,
+        prefetch=args.prefetch, prefetch_bytes=args.prefetch_bytes, cache_token=args.cache_token,
+        cache_timeout_s=args.cache_timeout_s,
         engine_options=EngineOptions(args.device, args.enforce_eager, args.gpu_memory_utilization,
                                      args.tensor_parallel_size))

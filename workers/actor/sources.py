@@ -36,6 +36,7 @@ class VersionSources:
     def __post_init__(self) -> None:
         self._fallback = False
         self._lock = threading.Lock()
+        self._cache_url: str | None = None  # the live relay's segment cache, as its heartbeat advertises it
 
     @property
     def is_home(self) -> bool:
@@ -50,7 +51,9 @@ class VersionSources:
         """Re-evaluate relay health; returns True when the mode changed."""
         if self.is_home:
             return False
-        relay_alive = self.plane.relay(self.region) is not None
+        relay = self.plane.relay(self.region)
+        relay_alive = relay is not None
+        self._cache_url = relay.cache_url if relay is not None else None
         with self._lock:
             want = not relay_alive
             if want == self._fallback:
@@ -68,10 +71,11 @@ class VersionSources:
         if self.is_home:
             return True
         deadline = time.monotonic() + timeout_s
-        while self.plane.relay(self.region) is None:
+        while (relay := self.plane.relay(self.region)) is None:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.2)
+        self._cache_url = relay.cache_url
         return True
 
     def store(self) -> DeltaStore:
@@ -93,6 +97,11 @@ class VersionSources:
                         type(exc).__name__, extra={"error": str(exc)[:500]})
             self.plane.log_event("refetch_source", actor=self.actor_id, version=version, error=type(exc).__name__)
             return fetch(self.source)
+
+    @property
+    def cache_url(self) -> str | None:
+        """The region's relay cache, while the relay is alive and this actor reads its region's bucket."""
+        return None if self.is_home or self._fallback else self._cache_url
 
     @property
     def label(self) -> str:

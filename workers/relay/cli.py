@@ -6,7 +6,7 @@ import argparse
 import os
 from dataclasses import dataclass
 
-from aurora_store.config import default_run_name
+from aurora_store.config import CommandDefaults, default_run_name
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,12 @@ class RelayConfig:
     metrics_port: int | None
     trainer_public_key: str | None
     stall_s: float = 120.0  # no progress for this long: stop heartbeating so the region's actors fall back
+    serve_cache: bool = True  # serve the hot cache to the region's actors (needs cache_token)
+    cache_token: str | None = None  # the run's bearer secret for the cache endpoint
+    cache_bind: str = "0.0.0.0"
+    cache_port: int = 8470
+    cache_host: str | None = None  # the host name actors are told; None: this machine's name
+    cache_connections: int = 16  # requests served at once; more get 503 (and read the regional bucket)
 
 
 def _positive_seconds(text: str) -> float:
@@ -56,6 +62,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stall-s", type=_positive_seconds, default=120.0,
                         help="stop heartbeating when no copy or loop iteration has completed for this many "
                              "seconds, so the region's actors read the source bucket instead (default 120)")
+    parser.add_argument("--no-serve-cache", dest="serve_cache", action="store_false",
+                        help="do not serve the hot cache to the region's actors (the store-and-forward baseline: "
+                             "they wait for the regional bucket)")
+    parser.add_argument("--cache-token", default=CommandDefaults.from_env().cache_token,
+                        help="the run's bearer secret for the cache endpoint, shared with the region's actors "
+                             "(default AURORA_CACHE_TOKEN, preferred: command lines are visible to other users); "
+                             "without one the cache is not served")
+    parser.add_argument("--cache-bind", default="0.0.0.0", help="address the cache endpoint listens on")
+    parser.add_argument("--cache-port", type=int, default=8470, help="port of the cache endpoint (0: any free one)")
+    parser.add_argument("--cache-host", help="host name the region's actors reach the endpoint at (default: this "
+                                             "machine's name)")
+    parser.add_argument("--cache-connections", type=int, default=16,
+                        help="requests served at once; more are answered 503 (the reader uses its bucket)")
     return parser
 
 
@@ -64,4 +83,6 @@ def parse_args(argv: list[str] | None = None) -> RelayConfig:
     return RelayConfig(source=args.source, dest=args.dest, redis=args.redis, region=args.region, run=args.run,
                        streams=args.streams, cache_dir=args.cache_dir, cache_bytes=args.cache_bytes,
                        metrics_port=args.metrics_port, trainer_public_key=args.trainer_public_key,
-                       stall_s=args.stall_s)
+                       stall_s=args.stall_s, serve_cache=args.serve_cache, cache_token=args.cache_token,
+                       cache_bind=args.cache_bind, cache_port=args.cache_port, cache_host=args.cache_host,
+                       cache_connections=args.cache_connections)

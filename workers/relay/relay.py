@@ -1,7 +1,8 @@
 """The relay process: one per remote region, the region's single cross-region copy of every version.
 
 It copies each segment from the source bucket into the regional bucket as soon as the trainer announces
-it (cut-through: before the manifest exists), over parallel streams, through a hot cache; when the
+it (cut-through: before the manifest exists), over parallel streams, through a hot cache that it serves to
+the region's actors (:mod:`workers.relay.serve`), announcing each segment there once cached; when the
 manifest is announced it makes sure every segment is there, writes the manifest bytes unchanged (create-
 only) and re-announces ``staged`` — and, once the trainer commits, ``commit`` — on the region's stream. A
 restarted relay re-reads both buckets and copies only what the regional bucket lacks.
@@ -27,6 +28,7 @@ from aurora_store.store import DeltaStore, object_names, open_bucket
 from aurora_store.store.snapshots import read_snapshot_manifest
 from aurora_store.trust import Verifier
 from workers.relay.cli import RelayConfig, parse_args
+from workers.relay.serve import CacheServer, advertised_url
 
 log = logging.getLogger("aurora.relay")
 
@@ -47,19 +49,42 @@ class SegmentCache:
         self.misses = 0
 
     def get(self, digest: str) -> bytes | None:
+        """A served read: counted as a hit or a miss."""
+        data = self.peek(digest)
+        with self._lock:
+            self._count(hit=data is not None)
+        return data
+
+    def peek(self, digest: str) -> bytes | None:
+        """The cached bytes, not counted (the relay's own copy path)."""
         with self._lock:
             data = self._items.get(digest)
             if data is not None:
                 self._items.move_to_end(digest)
-                self._count(hit=True)
                 return data
-        if self.disk is not None and (self.disk / digest).is_file():
-            with self._lock:
-                self._count(hit=True)
-            return (self.disk / digest).read_bytes()
-        with self._lock:
-            self._count(hit=False)
+        if self.disk is not None:
+            try:
+                return (self.disk / digest).read_bytes()
+            except FileNotFoundError:  # never spilled, or discarded meanwhile
+                return None
         return None
+
+    def holds(self, digest: str) -> bool:
+        with self._lock:
+            if digest in self._items:
+                return True
+        return self.disk is not None and (self.disk / digest).is_file()
+
+    def discard(self, digests: set[str]) -> None:
+        """Forget segments no reader needs any more (versions older than the current one's base)."""
+        with self._lock:
+            for digest in digests:
+                blob = self._items.pop(digest, None)
+                if blob is not None:
+                    self._size -= len(blob)
+        if self.disk is not None:
+            for digest in digests:
+                (self.disk / digest).unlink(missing_ok=True)
 
     def _count(self, hit: bool) -> None:
         if hit:
@@ -116,13 +141,25 @@ class Relay:
         # A relay cannot mint versions: it forwards only manifests signed by the trainer, bytes unchanged.
         self.verify_manifest = (Verifier.load(config.trainer_public_key, config.run)
                                 if config.trainer_public_key else None)
+        # The region's actors read hot segments from here before the regional write completes (only with the
+        # run's token: weights are confidential; --no-serve-cache is the store-and-forward baseline).
+        self.server: CacheServer | None = None
+        self.cache_url: str | None = None
+        if config.serve_cache and config.cache_token:
+            self.server = CacheServer((config.cache_bind, config.cache_port), self.cache.get, config.cache_token,
+                                      self.metrics, max_connections=config.cache_connections)
+            self.cache_url = advertised_url(config.cache_host, self.server.port)
+        elif config.serve_cache:
+            log.warning("no cache token (--cache-token / AURORA_CACHE_TOKEN): not serving the hot cache")
+        self.announced: set[str] = set()  # segments announced to the region as servable
+        self.segments_by_version: dict[int, set[str]] = {}
 
     # --- copying ---------------------------------------------------------------------------------
 
-    def _copy_segment(self, ref: SegmentRef) -> None:
+    def _copy_segment(self, ref: SegmentRef, version: int | None) -> None:
         if ref.digest in self.present:
             return
-        data = self.cache.get(ref.digest)
+        data = self.cache.peek(ref.digest)
         if data is None:
             data = self.source.get_segment(ref)
             with self._lock:
@@ -130,18 +167,46 @@ class Relay:
                 self.bytes_copied += len(data)
             self.metrics.cross_region_bytes.inc(len(data))
             self.cache.put(ref.digest, data)
+        if version is not None:
+            with self._lock:
+                self.segments_by_version.setdefault(version, set()).add(ref.digest)
+        if self.server is not None and self.cache.holds(ref.digest):
+            self._announce(ref, version)  # servable from here now, before the regional write
         self.dest.put_segment(ref, data)
         with self._lock:
             self.present.add(ref.digest)
+        self._announce(ref, version)  # readable from the regional bucket (once per segment either way)
         self.progress_at = time.monotonic()
 
-    def copy_segment(self, ref: SegmentRef) -> Future:
+    def _announce(self, ref: SegmentRef, version: int | None) -> None:
+        """Cut-through into the region: tell its actors a segment of ``version`` is readable, so that they
+        prefetch it instead of waiting for the manifest."""
+        if version is None:
+            return
+        with self._lock:
+            if ref.digest in self.announced:
+                return
+            self.announced.add(ref.digest)
+        self.plane.announce(VersionEvent("segment", version, self.config.region, segment=ref.digest, size=ref.size,
+                                         sent_ms=self.plane.now_ms()))
+
+    def copy_segment(self, ref: SegmentRef, version: int | None = None) -> Future:
         with self._lock:
             future = self.inflight.get(ref.digest)
             if future is None or (future.done() and future.exception() is not None):
-                future = self.pool.submit(self._copy_segment, ref)
+                future = self.pool.submit(self._copy_segment, ref, version)
                 self.inflight[ref.digest] = future
         return future
+
+    def _evict_before(self, version: int) -> None:
+        """Keep the current and the next version hot: readers of older ones read the regional bucket."""
+        with self._lock:
+            old = [v for v in self.segments_by_version if v < version]
+            keep = set().union(*(d for v, d in self.segments_by_version.items() if v >= version))
+            gone = set().union(*(self.segments_by_version.pop(v) for v in old)) - keep
+            self.announced -= gone
+        if gone:
+            self.cache.discard(gone)
 
     def forward_version(self, version: int) -> None:
         """Make the regional bucket hold ``version`` completely, manifest last; then announce it."""
@@ -154,7 +219,7 @@ class Relay:
             raise AuroraError(f"source manifest under version {version} declares {manifest.version}")
         if self.verify_manifest is not None:
             self.verify_manifest(manifest)
-        for future in [self.copy_segment(ref) for ref in manifest.segments]:
+        for future in [self.copy_segment(ref, version) for ref in manifest.segments]:
             future.result()
         self.dest.put_layout(self.source.layout(manifest.layout_fingerprint))
         try:
@@ -164,6 +229,7 @@ class Relay:
             raise
         self.forwarded.add(version)
         self.version = max(self.version or 0, version)
+        self._evict_before(self.version)
         self.metrics.version_published.set(self.version)
         self.metrics.publish_seconds.observe(time.perf_counter() - started)
         self.plane.announce(VersionEvent("staged", version, self.config.region, base=manifest.base_version,
@@ -241,7 +307,7 @@ class Relay:
     def heartbeat(self) -> None:
         self.plane.heartbeat_relay(RelayState(self.config.region, self.version, self.segments_copied,
                                               self.bytes_copied, self.cache.hits, self.cache.misses,
-                                              int(time.time() * 1000)))
+                                              int(time.time() * 1000), self.cache_url))
 
     def stalled(self) -> bool:
         return time.monotonic() - self.progress_at > self.config.stall_s
@@ -275,6 +341,9 @@ class Relay:
             home = (self.source.run_info() or {}).get("home_region")
         cursor = self.plane.latest_event_id(home) if home else "0"
         self.progress_at = time.monotonic()
+        if self.server is not None:
+            self.server.start()
+            log.info("serving the hot cache", extra={"url": self.cache_url})
         beating = threading.Thread(target=self._heartbeat_loop, name="relay-heartbeat", daemon=True)
         beating.start()
         self.sync()  # a restarted relay's backlog: its actors wait for it rather than all crossing regions
@@ -297,12 +366,14 @@ class Relay:
                 log.error("relay step failed; will resync", extra={"error": str(exc), "kind": type(exc).__name__})
                 time.sleep(0.5)
         self.pool.shutdown(wait=True)
+        if self.server is not None:
+            self.server.stop()
         beating.join(timeout=5)
         return 0
 
     def _handle(self, event: VersionEvent) -> None:
         if event.kind == "segment" and event.segment and event.size is not None:
-            self.copy_segment(SegmentRef(event.segment, event.size, ()))
+            self.copy_segment(SegmentRef(event.segment, event.size, ()), event.version)
         elif event.kind == "staged":
             self.forward_version(event.version)
         elif event.kind == "commit":

@@ -130,6 +130,8 @@ module "relay" {
   redis_ca_cert               = module.redis.ca_cert
   redis_ca_path               = module.redis.ca_path
   subnetwork_id               = module.network.subnetwork_ids[each.value]
+  network_id                  = module.network.network_id
+  subnet_cidr                 = local.subnets[each.value]
   machine_type                = var.relay_machine_type
   image                       = var.relay_image
   pip_requirements            = local.pip_requirements

@@ -10,6 +10,7 @@ locals {
     bucket_url             = var.bucket_url
     redis_parameter_name   = var.redis_parameter_name
     redis_parameter_region = var.redis_parameter_region
+    cache_port             = var.cache_port
     pip_requirements       = var.pip_requirements
     pip_extra_args         = var.pip_extra_args
     trainer_public_key     = var.trainer_public_key
@@ -77,7 +78,7 @@ resource "aws_iam_instance_profile" "relay" {
 
 resource "aws_security_group" "relay" {
   name        = "${var.name}-relay"
-  description = "Aurora relay: outbound only (plus metrics scraping when enabled)"
+  description = "Aurora relay: outbound, its segment cache to its region's VPC (plus metrics scraping when enabled)"
   vpc_id      = var.vpc_id
   tags        = merge(var.tags, { Name = "${var.name}-relay" })
 }
@@ -87,6 +88,16 @@ resource "aws_vpc_security_group_egress_rule" "relay_all" {
   description       = "Buckets, Redis, package index"
   ip_protocol       = "-1"
   cidr_ipv4         = "0.0.0.0/0"
+}
+
+# The hot segment cache (bearer token required) is served to the region's actors only: the VPC's own CIDR.
+resource "aws_vpc_security_group_ingress_rule" "relay_cache" {
+  security_group_id = aws_security_group.relay.id
+  description       = "Segment cache for the region's actors"
+  ip_protocol       = "tcp"
+  from_port         = var.cache_port
+  to_port           = var.cache_port
+  cidr_ipv4         = var.vpc_cidr
 }
 
 resource "aws_vpc_security_group_ingress_rule" "relay_metrics" {

@@ -123,3 +123,14 @@ variable "tags" {
   type    = map(string)
   default = {}
 }
+
+variable "vpc_cidr" {
+  description = "CIDR of the region's VPC: the only source allowed to reach the segment cache."
+  type        = string
+}
+
+variable "cache_port" {
+  description = "--cache-port: the relay's segment cache for the region's actors."
+  type        = number
+  default     = 8470
+}

@@ -69,6 +69,7 @@ module "relay" {
   redis_parameter_arn    = local.c.redis_parameter_arn
   redis_parameter_region = local.c.home_region
   vpc_id                 = module.network.vpc_id
+  vpc_cidr               = module.network.cidr
   subnet_ids             = module.network.subnet_ids
   instance_type          = local.c.relay_instance_type
   image                  = local.c.relay_image

@@ -16,6 +16,7 @@ locals {
     metrics_port       = var.metrics_port == null ? "" : tostring(var.metrics_port)
     model_url          = var.model_url
     stop_timeout_s     = var.stop_timeout_s
+    cache_port         = var.cache_port
   })
 }
 
@@ -65,7 +66,7 @@ resource "google_compute_instance_template" "relay" {
   name_prefix  = "${var.name}-relay-"
   region       = var.region
   machine_type = var.machine_type
-  tags         = var.metrics_port == null ? [] : ["aurora-metrics"]
+  tags         = concat(["aurora-relay"], var.metrics_port == null ? [] : ["aurora-metrics"])
   labels       = merge(var.labels, { aurora-run = var.run, aurora-role = "relay" })
 
   disk {
@@ -111,5 +112,20 @@ resource "google_compute_region_instance_group_manager" "relay" {
 
   version {
     instance_template = google_compute_instance_template.relay.id
+  }
+}
+
+# --- the segment cache: reachable from this region's subnet only (bearer token required) -----------------
+
+resource "google_compute_firewall" "cache" {
+  name          = "${var.name}-relay-cache-${var.region}"
+  network       = var.network_id
+  direction     = "INGRESS"
+  source_ranges = [var.subnet_cidr]
+  target_tags   = ["aurora-relay"]
+
+  allow {
+    protocol = "tcp"
+    ports    = [tostring(var.cache_port)]
   }
 }

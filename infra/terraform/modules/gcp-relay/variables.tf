@@ -101,3 +101,19 @@ variable "labels" {
   type    = map(string)
   default = {}
 }
+
+variable "network_id" {
+  description = "The run's VPC network (for the segment cache's firewall rule)."
+  type        = string
+}
+
+variable "subnet_cidr" {
+  description = "CIDR of this region's subnet: the only source allowed to reach the segment cache."
+  type        = string
+}
+
+variable "cache_port" {
+  description = "--cache-port: the relay's segment cache for the region's actors."
+  type        = number
+  default     = 8470
+}

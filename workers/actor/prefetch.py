@@ -1,0 +1,165 @@
+"""Prefetching: an actor fetches each announced segment of a newer version in the background, before the
+version's manifest exists, so that staging after the manifest only fetches what it is still missing.
+
+Bounded: at most ``budget_bytes`` are held or in flight; a segment over the budget is simply not prefetched
+(staging fetches it). Nothing prefetched is trusted by itself: each segment is verified against its
+SHA-256 name by the reader, and only the signed manifest decides what is used — held segments it does not
+name are dropped (and counted), as is everything for versions the actor has moved past. An actor that
+missed every announcement still stages from the bucket: prefetching only saves time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+from aurora_store.codec.manifest import SegmentRef
+from aurora_store.errors import AuroraError
+from aurora_store.metrics import Metrics
+from aurora_store.store.replay import SegmentFetcher
+
+log = logging.getLogger("aurora.actor.prefetch")
+
+#: Reads one segment, verified (relay cache, then bucket); raises on failure.
+Read = Callable[[SegmentRef], bytes]
+
+
+class Prefetcher:
+    def __init__(self, streams: int, budget_bytes: int, metrics: Metrics) -> None:
+        self.budget_bytes = budget_bytes
+        self.metrics = metrics
+        self._pool = ThreadPoolExecutor(max_workers=streams, thread_name_prefix="aurora-prefetch")
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[int, bytes]] = {}  # digest → (version announced with, bytes)
+        self._inflight: dict[str, tuple[int, int, Future]] = {}  # digest → (version, size, fetch)
+        self._reserved = 0  # bytes held + in flight
+        self._floor = -1  # versions up to here are active or older: not wanted any more
+        self.prefetched_bytes = 0
+        self.used_bytes = 0
+        self.dropped_bytes = 0
+        self.over_budget = 0  # announcements not prefetched for the budget
+
+    def offer(self, version: int, ref: SegmentRef, read: Read) -> bool:
+        """A segment of ``version`` was announced: fetch it in the background unless it is known, of a version
+        not newer than the active one, or over the budget. Returns whether a fetch started."""
+        with self._lock:
+            if version <= self._floor or ref.digest in self._held or ref.digest in self._inflight:
+                return False
+            if self._reserved + ref.size > self.budget_bytes:
+                self.over_budget += 1
+                return False
+            self._reserved += ref.size
+            future: Future = Future()
+            self._inflight[ref.digest] = (version, ref.size, future)
+        self._pool.submit(self._fetch, version, ref, read, future)
+        return True
+
+    def _fetch(self, version: int, ref: SegmentRef, read: Read, future: Future) -> None:
+        data: bytes | None = None
+        try:
+            data = read(ref)
+        except (AuroraError, OSError) as exc:  # not there yet, or unreachable: staging fetches it
+            log.debug("prefetch of %s… failed", ref.digest[:12], extra={"error": str(exc)})
+        except Exception as exc:  # never lose the waiter below
+            log.warning("prefetch of %s… failed", ref.digest[:12], extra={"error": repr(exc)})
+        with self._lock:
+            self._inflight.pop(ref.digest, None)
+            if data is not None:
+                self.prefetched_bytes += len(data)
+                self.metrics.prefetched_bytes.inc(len(data))
+            if data is not None and version > self._floor:
+                self._held[ref.digest] = (version, data)
+            else:
+                self._reserved -= ref.size
+                if data is not None:
+                    self._drop_counted(len(data))
+        future.set_result(data is not None)
+
+    def _drop_counted(self, nbytes: int) -> None:
+        self.dropped_bytes += nbytes
+        self.metrics.prefetch_dropped_bytes.inc(nbytes)
+
+    def take(self, digest: str) -> bytes | None:
+        with self._lock:
+            entry = self._held.pop(digest, None)
+            if entry is None:
+                return None
+            self._reserved -= len(entry[1])
+            self.used_bytes += len(entry[1])
+        self.metrics.segment_reads.labels("prefetched").inc()
+        return entry[1]
+
+    def claim(self, version: int, refs: Sequence[SegmentRef]) -> tuple[dict[str, bytes], dict[str, Future]]:
+        """The signed manifest of ``version`` names ``refs``: take what is held, and the fetches still in
+        flight for them; drop what was announced for ``version`` but is not named."""
+        named = {ref.digest for ref in refs}
+        with self._lock:
+            stray = [d for d, (v, _) in self._held.items() if v == version and d not in named]
+            for digest in stray:
+                _, data = self._held.pop(digest)
+                self._reserved -= len(data)
+                self._drop_counted(len(data))
+            pending = {d: self._inflight[d][2] for d in named if d in self._inflight}
+        if stray:
+            log.info("dropped %d prefetched segment(s) version %d does not name", len(stray), version)
+        held = {}
+        for digest in named:
+            data = self.take(digest)
+            if data is not None:
+                held[digest] = data
+        return held, pending
+
+    def retire(self, active_version: int) -> None:
+        """The actor is on ``active_version``: nothing of it or older is wanted."""
+        with self._lock:
+            self._floor = max(self._floor, active_version)
+            old = [d for d, (v, _) in self._held.items() if v <= self._floor]
+            for digest in old:
+                _, data = self._held.pop(digest)
+                self._reserved -= len(data)
+                self._drop_counted(len(data))
+
+    def held_bytes(self) -> int:
+        with self._lock:
+            return sum(len(data) for _, data in self._held.values())
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def staging_fetcher(read: Read, streams: int, prefetcher: Prefetcher | None = None) -> SegmentFetcher:
+    """The segments of a checked manifest for staging: prefetched ones first (no download), then those still in
+    flight (awaited, not fetched twice), the rest read over ``streams`` streams."""
+
+    def fetch(version: int, refs: Sequence[SegmentRef]) -> Iterator[tuple[SegmentRef, bytes]]:
+        held, pending = prefetcher.claim(version, refs) if prefetcher is not None else ({}, {})
+        by_digest = {ref.digest: ref for ref in refs}
+        for digest, data in held.items():
+            yield by_digest[digest], data
+
+        def after(ref: SegmentRef, started: Future) -> bytes:
+            if started.result() and prefetcher is not None:
+                data = prefetcher.take(ref.digest)
+                if data is not None:
+                    return data
+            return read(ref)
+
+        rest = [ref for ref in refs if ref.digest not in held]
+        if not rest:
+            return
+        with ThreadPoolExecutor(max_workers=min(streams, len(rest)), thread_name_prefix="aurora-stage") as pool:
+            futures = {(pool.submit(after, ref, pending[ref.digest]) if ref.digest in pending
+                        else pool.submit(read, ref)): ref for ref in rest}
+            try:
+                waiting = set(futures)
+                while waiting:
+                    done, waiting = wait(waiting, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        yield futures[future], future.result()
+            finally:
+                for future in futures:
+                    future.cancel()
+
+    return fetch
