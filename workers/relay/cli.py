@@ -22,6 +22,7 @@ class RelayConfig:
     metrics_port: int | None
     trainer_public_key: str | None
     stall_s: float = 120.0  # no progress for this long: stop heartbeating so the region's actors fall back
+    store_and_forward: bool = False  # ignore segment events: copy a version only once its manifest exists
 
 
 def _positive_seconds(text: str) -> float:
@@ -56,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stall-s", type=_positive_seconds, default=120.0,
                         help="stop heartbeating when no copy or loop iteration has completed for this many "
                              "seconds, so the region's actors read the source bucket instead (default 120)")
+    parser.add_argument("--store-and-forward", action="store_true",
+                        help="copy a version only once its manifest is announced, not segment by segment as the "
+                             "trainer uploads them (the baseline that benchmarks compare cut-through against)")
     return parser
 
 
@@ -64,4 +68,4 @@ def parse_args(argv: list[str] | None = None) -> RelayConfig:
     return RelayConfig(source=args.source, dest=args.dest, redis=args.redis, region=args.region, run=args.run,
                        streams=args.streams, cache_dir=args.cache_dir, cache_bytes=args.cache_bytes,
                        metrics_port=args.metrics_port, trainer_public_key=args.trainer_public_key,
-                       stall_s=args.stall_s)
+                       stall_s=args.stall_s, store_and_forward=args.store_and_forward)

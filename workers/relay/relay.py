@@ -304,7 +304,8 @@ class Relay:
         return 0
 
     def _handle(self, event: VersionEvent) -> None:
-        if event.kind == "segment" and event.segment and event.size is not None:
+        if (event.kind == "segment" and event.segment and event.size is not None
+                and not self.config.store_and_forward):
             self.copy_segment(SegmentRef(event.segment, event.size, ()))
         elif event.kind == "staged":
             self.forward_version(event.version)
