@@ -79,7 +79,7 @@ class BenchConfig:
     # and reading the relay's cache) vs store-and-forward (encode then upload, relay copying after the manifest,
     # actors fetching after the regional manifest), publish start → the last of ``overlap_actors`` remote actors
     # staged. The link is sized so encoding, the WAN copy and the fanout each take a visible share.
-    overlap_rate_mbit: float = 25.0
+    overlap_rate_mbit: float = 10.0
     overlap_rtt_ms: float = 50.0
     overlap_actors: int = 2
     overlap_repeats: int = 2
@@ -109,7 +109,7 @@ def quick_config(**overrides: Any) -> BenchConfig:
         rates_mbit=(50.0, 200.0), delta_repeats=2,
         big_lr=2e-5, big_segment_bytes=256 * 1024,
         losses=(0.01,), stream_counts=(1, 4), streams_repeats=2,
-        cut_repeats=1, overlap_repeats=1, overlap_rate_mbit=10.0,
+        cut_repeats=1, overlap_repeats=1, overlap_rate_mbit=5.0,
         e2e=E2EConfig(model_config={}, rate_mbit=2.0, steps=5, batch_size=6, group_size=4, actors=2,
                       sim_tokens_per_s=12.0, warm_start_steps=10),
         calibrate_seconds=1.5,
