@@ -352,8 +352,9 @@ def overlap(env: WanEnv, cfg: BenchConfig, pub: Publishing) -> dict[str, Any]:
 
     The same agents, link and model in both modes; each run has fresh buckets and its own relay (started with
     the mode's flags, those this checkout's relay knows), warmed with ``v1`` first. Cut-through actors decode
-    each prefetched segment as it arrives (:class:`~aurora_store.codec.ahead.AheadStager`). ``relay_cache_hit_ratio``: the share of the remote actors'
-    segment reads the relay's hot cache answered in cut-through mode (None when the relay serves no cache).
+    each prefetched segment as it arrives (:class:`~aurora_store.codec.ahead.AheadStager`).
+    ``relay_cache_hit_ratio``: the share of the remote actors' segment reads the relay's hot cache answered in
+    cut-through mode (None when the relay serves no cache).
     """
     import secrets
 

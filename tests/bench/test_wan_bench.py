@@ -3,7 +3,7 @@
 Needs root and network namespaces (CI runs as root); skipped with the reason otherwise. The benchmark runs as a
 subprocess in its own session so that a hang can be ended: on timeout it gets SIGTERM (its topology tears itself
 down on that signal), then SIGKILL, and whatever is left is swept. Afterwards no namespace or process of the run
-may remain. About three minutes.
+may remain. About six minutes.
 
 The pieces the benchmark added elsewhere are checked here too, cheaply and without root: the full-snapshot
 staging baseline (``stage_snapshot``), the actor's ``--full-sync`` flag and servers started through a launcher.
@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -28,7 +29,7 @@ from benchmarks.wan_bench.runner import TARGETS
 pytestmark = [pytest.mark.redis, pytest.mark.s3]
 
 REPO = Path(__file__).resolve().parents[2]
-TIMEOUT_S = 420
+TIMEOUT_S = 600  # ~6.5 min on 2 busy cores (~5 min of it with the end-to-end cut-through runs of part 3)
 
 
 _REASON = unsupported_reason()
@@ -185,9 +186,14 @@ def test_cut_through_beats_store_and_forward_end_to_end(quick):
             if mode == "store_and_forward":  # nothing crossed before the manifest, nothing was prefetched
                 assert run["prefetched_segments"] == 0
                 assert run["wan_copy"]["region_staged_s"] > run["extract_encode"]["manifest_s"]
-            else:  # segments reached the region's actors before the trainer's manifest existed
-                assert run["prefetched_segments"] > 0
-                assert run["wan_copy"]["first_segment_region_s"] < run["extract_encode"]["manifest_s"]
+            else:  # every remote actor prefetched every segment while the version was being published
+                assert run["prefetched_segments"] == len(run["actors"]) * run["segments"]
+    stages = {mode: {k: statistics.fmean(r[k][field] for r in runs)
+                     for k, field in (("wan_copy", "region_staged_s"), ("fanout", "seconds"))}
+              for mode, runs in overlap["runs"].items()}
+    # both the WAN copy and the fanout overlap: the region has the version sooner, and staging after it is shorter
+    assert stages["cut_through"]["wan_copy"] < stages["store_and_forward"]["wan_copy"], stages
+    assert stages["cut_through"]["fanout"] < stages["store_and_forward"]["fanout"], stages
     if overlap["relay_cache_note"] is None:  # the relay serves its hot cache: the actors read from it
         assert doc["relay_cache_hit_ratio"] > 0.5, overlap["reads"]
     else:
