@@ -12,7 +12,6 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +23,7 @@ from aurora_store.codec.params import CodecParams
 from aurora_store.codec.sharding import DeltaPart, merge_parts, track_spans
 from aurora_store.errors import IntegrityError
 from aurora_store.store import history
+from aurora_store.store.pool import shared_pool
 from aurora_store.store.transfer import SegmentCallback, UploadReport, upload_segments
 from aurora_store.store.versions import DeltaStore
 
@@ -136,9 +136,8 @@ class VersionPublisher:
         content-addressed, so one may have been uploaded long ago by another version and be deleted by a gc
         that planned before this version existed. Refusing here keeps "a listed manifest is complete" true."""
         refs = manifest.segments
-        with ThreadPoolExecutor(max_workers=max(1, min(self.streams or self.store.settings.streams, len(refs) or 1)),
-                                thread_name_prefix="aurora-check") as pool:
-            present = list(pool.map(lambda ref: self.store.has_segment(ref.digest), refs))
+        lanes = shared_pool().lanes(self.streams or self.store.settings.streams)
+        present = [f.result() for f in [lanes.submit(self.store.has_segment, ref.digest) for ref in refs]]
         missing = [ref.digest for ref, ok in zip(refs, present) if not ok]
         if missing:
             raise IntegrityError(f"{len(missing)} segment(s) of version {manifest.version} vanished before its "

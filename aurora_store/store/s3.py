@@ -26,6 +26,7 @@ from aurora_store.errors import (
     TransientStoreError,
 )
 from aurora_store.store.base import Bucket, Capabilities, check_key
+from aurora_store.store.pool import DEFAULT_WORKERS
 
 _AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "AllAccessDisabled",
                "ExpiredToken", "InvalidToken"}
@@ -44,11 +45,14 @@ class S3Bucket(Bucket):
         self.endpoint_url = endpoint_url
         query = f"?endpoint_url={endpoint_url}" if endpoint_url else ""
         self.url = f"s3://{bucket}/{self.prefix}".rstrip("/") + query
-        self._local = threading.local()
+        self._client_lock = threading.Lock()
         self._client_kwargs = dict(
             endpoint_url=endpoint_url, region_name=region or "us-east-1",
+            # One client per bucket, shared by every thread: its connection pool must hold a keep-alive
+            # connection for each transfer thread that may use it at once, or connections are closed and
+            # reopened (handshake, slow start) under load.
             config=Config(retries={"mode": "standard", "max_attempts": 3},
-                          max_pool_connections=max(10, 2 * settings.streams),
+                          max_pool_connections=max(DEFAULT_WORKERS, 2 * settings.streams),
                           connect_timeout=settings.connect_timeout_s, read_timeout=settings.read_timeout_s),
         )
         self._shared_client = client
@@ -57,13 +61,15 @@ class S3Bucket(Bucket):
 
     @property
     def client(self) -> Any:
-        # boto3 clients are thread-safe, but the session that makes them is not: one per thread.
-        if self._shared_client is not None:
-            return self._shared_client
-        client = getattr(self._local, "client", None)
+        # One client for every thread (boto3 clients are thread-safe; only making one is not, hence the
+        # lock): its pooled connections then outlive any thread and stay warm from one version to the next,
+        # where a client per thread took its connections with it whenever a per-call pool's threads ended.
+        client = self._shared_client
         if client is None:
-            client = boto3.session.Session().client("s3", **self._client_kwargs)
-            self._local.client = client
+            with self._client_lock:
+                if self._shared_client is None:
+                    self._shared_client = boto3.session.Session().client("s3", **self._client_kwargs)
+                client = self._shared_client
         return client
 
     def fsspec_url(self) -> tuple[str, dict[str, Any]]:

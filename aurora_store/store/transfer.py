@@ -5,6 +5,8 @@ yields it, while encoding continues (the manifest is written by :mod:`aurora_sto
 after every segment is durable).
 Fetching downloads a version's segments over ``S`` streams and yields each as soon as it has arrived and
 matched its digest (mismatches are re-fetched once, then raise).
+Both run on the process's one long-lived transfer pool (:mod:`aurora_store.store.pool`), ``S`` calls at a
+time, so the connections of one version are still open — past the handshake and slow start — for the next.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 
 from aurora_store.codec.encoder import DeltaEncoder, EncodeSummary, Piece, Segment
 from aurora_store.codec.manifest import SegmentRef
 from aurora_store.progress import Progress
+from aurora_store.store.pool import TransferPool, shared_pool
 from aurora_store.store.versions import DeltaStore
 
 SegmentCallback = Callable[[SegmentRef], None]
@@ -45,14 +48,15 @@ class UploadReport:
 
 def upload_segments(store: DeltaStore, encoder: DeltaEncoder, pieces: Iterable[Piece], *,
                     streams: int | None = None, on_segment: SegmentCallback | None = None,
-                    cut_through: bool = True) -> UploadReport:
+                    cut_through: bool = True, pool: TransferPool | None = None) -> UploadReport:
     """Encode ``pieces`` and upload each segment over one of ``streams`` streams as soon as it exists.
 
     ``on_segment`` runs (on an upload thread) after each segment is durable — e.g. to notify relays.
     ``cut_through=False`` encodes everything first and uploads afterwards (the baseline benchmarks compare
     against). If any upload fails, encoding stops and the error propagates. Every publisher — one process or
     every rank of a sharded trainer — goes through here; the manifest is written afterwards
-    (:meth:`~aurora_store.store.publisher.VersionPublisher.publish_parts`).
+    (:meth:`~aurora_store.store.publisher.VersionPublisher.publish_parts`). ``pool`` defaults to the
+    process's shared transfer pool.
     """
     streams = streams or store.settings.streams
     started = time.perf_counter()
@@ -71,8 +75,9 @@ def upload_segments(store: DeltaStore, encoder: DeltaEncoder, pieces: Iterable[P
         finally:
             slots.release()
 
-    with ThreadPoolExecutor(max_workers=streams, thread_name_prefix="aurora-up") as pool:
-        pending: set[Future] = set()
+    lanes = (pool or shared_pool()).lanes(streams)
+    pending: set[Future] = set()
+    try:
         segments: Iterable[Segment] = encoder.segments(pieces)
         if not cut_through:
             segments = list(segments)
@@ -81,13 +86,22 @@ def upload_segments(store: DeltaStore, encoder: DeltaEncoder, pieces: Iterable[P
             slots.acquire()
             if not upload_started:
                 upload_started.append(time.perf_counter())
-            pending.add(pool.submit(upload, segment))
+            try:
+                pending.add(lanes.submit(upload, segment))
+            except BaseException:
+                slots.release()
+                raise
             done = {f for f in pending if f.done()}
             for future in done:
                 future.result()  # fail fast: stop encoding once an upload has failed
             pending -= done
         for future in pending:
             future.result()
+    finally:  # on failure: drop what has not started, wait for what has (it holds the segment's bytes)
+        for future in pending:
+            if future.cancel():
+                slots.release()
+        wait(pending)
     uploaded = time.perf_counter()
     return UploadReport(
         refs=tuple(refs), summary=encoder.summary,
@@ -97,26 +111,31 @@ def upload_segments(store: DeltaStore, encoder: DeltaEncoder, pieces: Iterable[P
 
 def fetch_segments(store: DeltaStore, refs: Iterable[SegmentRef], *, streams: int | None = None,
                    progress: Progress | None = None,
-                   on_fetched: Callable[[SegmentRef, int], None] | None = None) -> Iterator[tuple[SegmentRef, bytes]]:
-    """Download segments over ``streams`` parallel streams; yield ``(ref, bytes)`` as each arrives verified."""
+                   on_fetched: Callable[[SegmentRef, int], None] | None = None,
+                   pool: TransferPool | None = None) -> Iterator[tuple[SegmentRef, bytes]]:
+    """Download segments over ``streams`` parallel streams; yield ``(ref, bytes)`` as each arrives verified.
+
+    ``pool`` defaults to the process's shared transfer pool. Closing the iterator early cancels the
+    downloads not yet started.
+    """
     streams = streams or store.settings.streams
     refs = list(refs)
     if not refs:
         return
-    with ThreadPoolExecutor(max_workers=min(streams, len(refs)), thread_name_prefix="aurora-down") as pool:
-        futures = {pool.submit(store.get_segment, ref): ref for ref in refs}
-        try:
-            pending = set(futures)
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
-                    ref = futures[future]
-                    data = future.result()
-                    if progress is not None:
-                        progress.advance(len(data))
-                    if on_fetched is not None:
-                        on_fetched(ref, len(data))
-                    yield ref, data
-        finally:
-            for future in futures:
-                future.cancel()
+    lanes = (pool or shared_pool()).lanes(min(streams, len(refs)))
+    futures = {lanes.submit(store.get_segment, ref): ref for ref in refs}
+    try:
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                ref = futures[future]
+                data = future.result()
+                if progress is not None:
+                    progress.advance(len(data))
+                if on_fetched is not None:
+                    on_fetched(ref, len(data))
+                yield ref, data
+    finally:
+        for future in futures:
+            future.cancel()

@@ -17,6 +17,13 @@ Commands (``op`` plus arguments):
 * ``watch`` — ``redis``, ``run``, ``region``: remember the region's event-stream position.
 * ``await_stage`` — ``version``, ``url``, ``streams``, ``timeout``: block until a ``staged`` event for the version
   arrives on the watched stream, then stage it from ``url``; answers wall-clock times.
+* ``follow`` — ``version``, ``url``, ``streams``, ``prefetch``, ``cache_token``, ``segment_bytes``, ``timeout``: an
+  actor of the watched region until the version is staged. With ``prefetch`` (watch with ``home``): each segment
+  announced on the home stream is read as soon as the region has it — from the relay's hot cache when the relay
+  serves one (its state names a ``cache_url``), else from the regional bucket once the relay has written it —
+  and decoded ahead (:class:`~aurora_store.codec.ahead.AheadStager`), so the ``staged`` event only fetches what
+  is missing and checks. Without: wait for ``staged``, then fetch and stage everything.
+  Answers wall-clock times and where each segment was read from.
 * ``publish`` — ``url``, ``redis``, ``run``, ``region``, ``version``, ``base_version``, ``cut_through``,
   ``streams``, ``segment_bytes``: publish the loaded base → new delta like the trainer does.
 
@@ -73,6 +80,8 @@ class Agent:
         self.plane = None
         self.region: str | None = None
         self.cursor: str | None = None
+        self.home: str | None = None
+        self.home_cursor: str | None = None
 
     # --- commands --------------------------------------------------------------------------------
 
@@ -124,7 +133,7 @@ class Agent:
         return {"seconds": total, "fetch_s": (arrivals[-1] - started) if arrivals else None, "bytes": nbytes,
                 "changed": changed, "streams": streams, "mode": mode}
 
-    def watch(self, redis: str, run: str, region: str) -> dict[str, Any]:
+    def watch(self, redis: str, run: str, region: str, home: str | None = None) -> dict[str, Any]:
         from aurora_store.bus import ControlPlane
 
         if self.plane is not None:
@@ -132,7 +141,72 @@ class Agent:
         self.plane = ControlPlane(redis, run)
         self.region = region
         self.cursor = self.plane.latest_event_id(region)
+        self.home = home
+        self.home_cursor = self.plane.latest_event_id(home) if home else None
         return {"cursor": self.cursor}
+
+    def follow(self, version: int, url: str, streams: int, prefetch: bool, cache_token: str | None = None,
+               segment_bytes: int | None = None, timeout: float = 600.0) -> dict[str, Any]:
+        from concurrent.futures import Future, as_completed
+
+        from aurora_store.codec import CodecParams, stage
+        from aurora_store.codec.ahead import AheadStager
+        from aurora_store.codec.manifest import SegmentRef
+        from aurora_store.store.pool import shared_pool
+
+        store = open_store(url, streams)  # made before the clock starts, like an actor's long-lived store
+        lanes = shared_pool().lanes(streams)
+        deadline = time.monotonic() + timeout
+        cache_url = None
+        if prefetch:
+            relay = self.plane.relay(self.region)
+            cache_url = getattr(relay, "cache_url", None) if relay is not None else None
+        reader = _SegmentReader(store, cache_url, cache_token, deadline)
+        # decode-ahead: each prefetched segment is decoded and hashed against the base as it arrives (the run's
+        # codec parameters; the manifest re-checks everything), so the manifest leaves only the checks
+        ahead = AheadStager(self.target, CodecParams(segment_bytes=segment_bytes or CodecParams().segment_bytes))
+
+        def prefetch_one(ref) -> bytes:
+            data = reader.read(ref, True)
+            ahead.add(ref, data)
+            return data
+
+        held: dict[str, Future] = {}
+        event_at = None
+        cursors = {self.region: self.cursor}
+        if prefetch and self.home:
+            cursors[self.home] = self.home_cursor
+        while event_at is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no staged event for version {version} in {self.region} after {timeout:.0f}s")
+            for region, entry_id, event in self.plane.read_events(cursors, block_ms=200):
+                cursors[region] = entry_id
+                if region == self.region and event.kind == "staged" and event.version >= version:
+                    event_at = time.time()
+                elif (region == self.home and region != self.region and event.kind == "segment"
+                      and event.version == version and event.segment and event.size is not None
+                      and event.segment not in held):
+                    held[event.segment] = lanes.submit(prefetch_one, SegmentRef(event.segment, event.size, ()))
+        self.cursor = cursors[self.region]
+        if self.home in cursors:
+            self.home_cursor = cursors[self.home]
+        started = time.perf_counter()
+        manifest = store.manifest(version)
+        if held:
+            rest = {ref.digest: lanes.submit(reader.read, ref, False) for ref in manifest.segments
+                    if ref.digest not in held}
+            for future in held.values():
+                future.result()
+            staged = ahead.finish(manifest, {digest: f.result() for digest, f in rest.items()})
+        else:
+            futures = {lanes.submit(reader.read, ref, False): ref for ref in manifest.segments}
+            staged = stage(manifest, ((futures[f], f.result()) for f in as_completed(futures)), self.target)
+        stage_s = time.perf_counter() - started
+        store.close()
+        return {"t_event": event_at, "t_staged": time.time(), "stage_s": stage_s,
+                "bytes": staged.manifest.segment_bytes + len(staged.manifest.to_bytes()),
+                "announced": len(held), "segments": len(manifest.segments), "cache_url": cache_url,
+                "reads": dict(reader.reads), "prefetch_arrivals": sorted(reader.arrivals)}
 
     def await_stage(self, version: int, url: str, streams: int, timeout: float = 600.0) -> dict[str, Any]:
         from aurora_store.store.replay import stage_version
@@ -189,7 +263,7 @@ class Agent:
 
     def serve(self, commands: TextIO, replies: TextIO) -> int:
         ops = {"load": self.load, "load_new": self.load_new, "deliver": self.deliver, "watch": self.watch,
-               "await_stage": self.await_stage, "publish": self.publish}
+               "await_stage": self.await_stage, "follow": self.follow, "publish": self.publish}
         _reply(replies, {"ready": True, "pid": os.getpid()})
         for line in commands:
             if not line.strip():
@@ -205,6 +279,59 @@ class Agent:
                 _reply(replies, {"ok": False, "error": f"{type(exc).__name__}: {exc}",
                                  "traceback": traceback.format_exc()[-4000:]})
         return 0
+
+
+class _SegmentReader:
+    """Reads one verified segment: the relay's hot cache first (when it serves one), else the regional bucket
+    — waiting for the relay to write it there when it has been announced but not copied yet."""
+
+    def __init__(self, store, cache_url: str | None, token: str | None, deadline: float) -> None:
+        import threading
+        from collections import Counter
+
+        self.store, self.cache_url, self.token, self.deadline = store, cache_url, token, deadline
+        self.reads: Counter[str] = Counter()  # "relay_cache" / "bucket"
+        self.arrivals: list[float] = []  # wall clock of each prefetched segment's arrival
+        self._lock = threading.Lock()
+
+    def _from_cache(self, ref) -> bytes | None:
+        import hashlib
+        import urllib.error
+        import urllib.request
+
+        request = urllib.request.Request(f"{self.cache_url.rstrip('/')}/segments/{ref.digest}",
+                                         headers={"Authorization": f"Bearer {self.token or ''}"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                data = response.read(ref.size + 1)
+        except (urllib.error.URLError, OSError):
+            return None
+        if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.digest:
+            return None
+        return data
+
+    def read(self, ref, prefetched: bool) -> bytes:
+        from aurora_store.errors import ObjectNotFoundError
+
+        wait = 0.02
+        while True:
+            data = self._from_cache(ref) if self.cache_url else None
+            source = "relay_cache"
+            if data is None:
+                source = "bucket"
+                try:
+                    data = self.store.get_segment(ref)
+                except ObjectNotFoundError:
+                    if time.monotonic() > self.deadline:
+                        raise
+                    time.sleep(wait)  # announced at home, not in the region yet: the relay is copying it
+                    wait = min(0.2, wait * 1.5)
+                    continue
+            with self._lock:
+                self.reads[source] += 1
+                if prefetched:
+                    self.arrivals.append(time.time())
+            return data
 
 
 def _reply(stream: TextIO, doc: dict[str, Any]) -> None:

@@ -228,12 +228,14 @@ class WanEnv:
             agent.wait_ready()
         return agent
 
-    def start_relay(self, run: str, source: str, dest: str, streams: int = 4) -> subprocess.Popen:
-        """``python -m workers.relay`` in the remote region, with the command line workers.cluster uses."""
+    def start_relay(self, run: str, source: str, dest: str, streams: int = 4, *, extra: list[str] | None = None,
+                    env: dict[str, str] | None = None) -> subprocess.Popen:
+        """``python -m workers.relay`` in the remote region, with the command line workers.cluster uses (plus
+        ``extra`` arguments and ``env`` variables)."""
         argv = [sys.executable, "-m", "workers.relay", "--source", source, "--dest", dest, "--region", REMOTE,
-                "--redis", self.redis.url, "--run", run, "--streams", str(streams)]
+                "--redis", self.redis.url, "--run", run, "--streams", str(streams), *(extra or [])]
         with open(self.log_dir / f"relay-{run}.log", "ab") as log_file:
-            proc = self.topo.popen(REMOTE, argv, env=self.child_env(), stdout=log_file, stderr=subprocess.STDOUT)
+            proc = self.topo.popen(REMOTE, argv, env=self.child_env(env), stdout=log_file, stderr=subprocess.STDOUT)
         self._relays[run] = proc
         return proc
 

@@ -4,6 +4,11 @@
 2. :func:`streams_sweep` — one delta over 1 vs S parallel streams under RTT and random loss.
 3. :func:`cut_through` — publish start → remote actor staged, streaming upload vs encode-then-upload, with the
    real relay (``python -m workers.relay``) copying in the remote region.
+   :func:`overlap` (also part 3) — publish start → the last of two remote actors staged, full cut-through
+   (streaming upload, relay copying on segment events, actors prefetching — from the relay's cache when it
+   serves one — and decoding each segment as it arrives) vs
+   store-and-forward (encode then upload, relay copying after the manifest, actors after the regional
+   manifest), with per-stage times.
 4. :func:`relay_vs_direct` — four remote actors, through the relay vs each straight from the home bucket:
    bytes counted on the link and time until all four have staged the version.
 
@@ -272,4 +277,128 @@ def relay_vs_direct(env: WanEnv, cfg: BenchConfig, pub: Publishing, relay_run: s
                       "Redis notifications and the relay's periodic listing included), divided by the delta's "
                       "segment + manifest bytes",
         "link": cal,
+    }
+
+
+# --- part 3, end to end: cut-through vs store-and-forward ------------------------------------------
+
+
+def _relay_options() -> set[str]:
+    """The relay's command-line options on this checkout (flags of features that may not exist here are only
+    passed when the relay knows them)."""
+    from workers.relay.cli import build_parser
+
+    return {option for action in build_parser()._actions for option in action.option_strings}
+
+
+def _relay_args(mode: str, env: WanEnv, known: set[str]) -> tuple[list[str], list[str]]:
+    """The relay's extra arguments for ``mode`` and those of them this checkout's relay lacks."""
+    if mode == "store_and_forward":
+        wanted = [["--store-and-forward"], ["--no-serve-cache"]]
+    else:  # serve the hot cache to the region's actors at the remote namespace's address, any free port
+        wanted = [["--cache-host", env.topo.address(REMOTE)], ["--cache-bind", env.topo.address(REMOTE)],
+                  ["--cache-port", "0"]]
+    args = [a for flag in wanted if flag[0] in known for a in flag]
+    return args, [flag[0] for flag in wanted if flag[0] not in known]
+
+
+def _overlap_once(env: WanEnv, cfg: BenchConfig, pub: Publishing, run: str, urls: tuple[str, str], mode: str,
+                  token: str) -> dict[str, Any]:
+    home_url, remote_url = urls
+    cut = mode == "cut_through"
+    actors = pub.actors[: cfg.overlap_actors]
+    for agent in actors:
+        agent.call("watch", redis=env.redis.url, run=run, region=REMOTE, home=HOME, timeout=60)
+    for agent in actors:
+        agent.send("follow", version=2, url=remote_url, streams=4, prefetch=cut, cache_token=token,
+                   segment_bytes=cfg.big_segment_bytes, timeout=600)
+    pub_doc = pub.publisher.call("publish", timeout=600, url=home_url, redis=env.redis.url, run=run, region=HOME,
+                                 version=2, base_version=1, cut_through=cut, streams=4,
+                                 segment_bytes=cfg.big_segment_bytes)
+    staged = [agent.receive(660) for agent in actors]
+    t0 = pub_doc.pop("t_start")
+    manifest_s = pub_doc.pop("t_manifest") - t0
+    pub_doc.pop("t_end")
+    arrivals = [t - t0 for s in staged for t in s["prefetch_arrivals"]]
+    reads = {"relay_cache": sum(s["reads"].get("relay_cache", 0) for s in staged),
+             "bucket": sum(s["reads"].get("bucket", 0) for s in staged)}
+    actor_staged = sorted(s["t_staged"] - t0 for s in staged)
+    region_staged = min(s["t_event"] - t0 for s in staged)  # the relay's regional "staged": the WAN copy is done
+    home_first = pub_doc["first_segment_s"]
+    return {
+        "mode": mode, "run": run, "total_s": actor_staged[-1],
+        # extraction + encoding at home: CPU seconds, and when the first segment / the manifest were durable
+        "extract_encode": {"encode_s": pub_doc["encode_s"], "first_segment_home_s": home_first,
+                           "manifest_s": manifest_s},
+        # across the link: the relay's copy, from the first segment readable in the region (an actor's first
+        # prefetched read; store-and-forward has none) to the regional manifest
+        "wan_copy": {"first_segment_region_s": min(arrivals) if arrivals else None,
+                     "last_segment_region_s": max(arrivals) if arrivals else None,
+                     "region_staged_s": region_staged,
+                     "seconds": region_staged - (home_first if cut else manifest_s)},
+        # inside the region: the regional manifest → every actor staged (fetch what is missing, verify, decode)
+        "fanout": {"first_actor_staged_s": actor_staged[0], "last_actor_staged_s": actor_staged[-1],
+                   "seconds": actor_staged[-1] - region_staged},
+        "reads": reads, "cache_url": staged[0]["cache_url"],
+        "prefetched_segments": sum(s["announced"] for s in staged), "segments": staged[0]["segments"],
+        "actors": [{"event_s": s["t_event"] - t0, "staged_s": s["t_staged"] - t0, "stage_s": s["stage_s"]}
+                   for s in staged],
+        "publish": pub_doc,
+    }
+
+
+def overlap(env: WanEnv, cfg: BenchConfig, pub: Publishing) -> dict[str, Any]:
+    """Publish start → the last remote actor staged, full cut-through vs store-and-forward, on one link.
+
+    The same agents, link and model in both modes; each run has fresh buckets and its own relay (started with
+    the mode's flags, those this checkout's relay knows), warmed with ``v1`` first. Cut-through actors decode
+    each prefetched segment as it arrives (:class:`~aurora_store.codec.ahead.AheadStager`).
+    ``relay_cache_hit_ratio``: the share of the remote actors' segment reads the relay's hot cache answered in
+    cut-through mode (None when the relay serves no cache).
+    """
+    import secrets
+
+    cal = env.shape(cfg.overlap_rate_mbit, cfg.overlap_rtt_ms, 0.0, calibrate=f"overlap_{cfg.overlap_rate_mbit:g}mbit")
+    known = _relay_options()
+    token = secrets.token_hex(16)
+    modes = ("store_and_forward", "cut_through")
+    runs: dict[tuple[int, str], tuple[str, tuple[str, str]]] = {}
+    missing: set[str] = set()
+    for rep in range(cfg.overlap_repeats):  # every relay imports at once, before anything is timed
+        for mode in modes:
+            run = f"p3o-{'sf' if mode == 'store_and_forward' else 'ct'}-{rep}"
+            home_url, remote_url = env.bucket(HOME, run), env.bucket(REMOTE, run)
+            seed_run_bucket(home_url, run)
+            args, lacking = _relay_args(mode, env, known)
+            missing.update(lacking)
+            env.start_relay(run, home_url, remote_url, extra=args, env={"AURORA_CACHE_TOKEN": token})
+            runs[rep, mode] = run, (home_url, remote_url)
+    results: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    for rep in range(cfg.overlap_repeats):
+        for mode in modes:
+            run, urls = runs[rep, mode]
+            env.wait_relay(run)
+            warm_relay(env, pub.data, run, urls[0])
+            result = _overlap_once(env, cfg, pub, run, urls, mode, token)
+            env.stop_relay(run)
+            results[mode].append(result)
+            log.info("%s: last actor staged at %.2f s (encode %.2f s, WAN %.2f s, fanout %.2f s)", run,
+                     result["total_s"], result["extract_encode"]["encode_s"], result["wan_copy"]["seconds"],
+                     result["fanout"]["seconds"])
+    ct = summarize([r["total_s"] for r in results["cut_through"]])
+    sf = summarize([r["total_s"] for r in results["store_and_forward"]])
+    reads = {k: sum(r["reads"][k] for r in results["cut_through"]) for k in ("relay_cache", "bucket")}
+    served = any(r["cache_url"] for r in results["cut_through"])
+    stages = {mode: {stage: summarize([r[stage]["seconds"] for r in rs]) for stage in ("wan_copy", "fanout")}
+              | {"encode_s": summarize([r["extract_encode"]["encode_s"] for r in rs]),
+                 "manifest_s": summarize([r["extract_encode"]["manifest_s"] for r in rs])}
+              for mode, rs in results.items()}
+    return {
+        "rate_mbit": cfg.overlap_rate_mbit, "rtt_ms": cfg.overlap_rtt_ms, "actors": cfg.overlap_actors,
+        "cut_through_s": ct, "store_and_forward_s": sf, "ratio": ct["median"] / sf["median"], "stages": stages,
+        "relay_cache_hit_ratio": (reads["relay_cache"] / max(1, sum(reads.values()))) if served else None,
+        "relay_cache_note": None if served else
+        "the relay serves no hot cache on this checkout (no cache_url in its state): actors read the regional "
+        "bucket as soon as the relay has written each segment",
+        "flags_missing": sorted(missing), "reads": reads, "runs": results, "link": cal,
     }

@@ -22,6 +22,8 @@ TARGETS = {
     "delta_vs_full_speedup_lowest_rate": (">=", 20.0, "delta at least 20x faster than full at the lowest rate"),
     "streams4_vs_1_speedup_loss1pct": (">=", 1.3, "4 streams at least 1.3x faster than 1 at 1 % loss"),
     "relay_cross_region_copies_per_version": ("<=", 1.15, "one cross-region copy per region (+ header overhead)"),
+    "cut_through_vs_store_and_forward": ("<=", 0.6, "publish start → last remote actor staged: full cut-through "
+                                                    "within 60 % of store-and-forward"),
     "e2e_delta_vs_ideal": ("<=", 1.10, "delta run within 10 % of the ideal run"),
 }
 
@@ -98,7 +100,9 @@ def run(cfg: BenchConfig, out_dir: Path) -> dict[str, Any]:
 
             publishing = part("publishing_setup", setup, enabled=True)
         if publishing is not None:
-            doc["cut_through"] = part("cut_through", lambda: measure.cut_through(env, cfg, publishing, relay_runs))
+            doc["cut_through"] = part("cut_through", lambda: {
+                **measure.cut_through(env, cfg, publishing, relay_runs),
+                "overlap": measure.overlap(env, cfg, publishing)})
             doc["relay_vs_direct"] = part("relay", lambda: measure.relay_vs_direct(
                 env, cfg, publishing, "p4-relay", relay_runs["p4-relay"]))
             for agent in publishing.all:
@@ -132,6 +136,9 @@ def _summarize(doc: dict[str, Any]) -> None:
     doc["streams4_vs_1_speedup_loss1pct"] = measure.speedup_4v1(streams, 0.01)
     doc["streams4_vs_1_speedup_loss01pct"] = measure.speedup_4v1(streams, 0.001)
     doc["cut_through_speedup"] = ct["speedup"] if ct else None
+    overlap = ct.get("overlap") if ct else None
+    doc["cut_through_vs_store_and_forward"] = overlap["ratio"] if overlap else None
+    doc["relay_cache_hit_ratio"] = overlap["relay_cache_hit_ratio"] if overlap else None
     doc["relay_cross_region_copies_per_version"] = relay["relay"]["copies"] / relay["regions"] if relay else None
     doc["direct_cross_region_copies_per_version"] = relay["direct"]["copies"] / relay["regions"] if relay else None
     doc["relay_vs_direct_time_speedup"] = relay["time_speedup"] if relay else None

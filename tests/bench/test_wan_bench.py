@@ -3,7 +3,7 @@
 Needs root and network namespaces (CI runs as root); skipped with the reason otherwise. The benchmark runs as a
 subprocess in its own session so that a hang can be ended: on timeout it gets SIGTERM (its topology tears itself
 down on that signal), then SIGKILL, and whatever is left is swept. Afterwards no namespace or process of the run
-may remain. About three minutes.
+may remain. About six minutes.
 
 The pieces the benchmark added elsewhere are checked here too, cheaply and without root: the full-snapshot
 staging baseline (``stage_snapshot``), the actor's ``--full-sync`` flag and servers started through a launcher.
@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -23,15 +24,26 @@ from pathlib import Path
 import pytest
 
 from benchmarks.wan.netns import cleanup_stale, list_netns, run_prefix, unsupported_reason
+from benchmarks.wan_bench.runner import TARGETS
 
 pytestmark = [pytest.mark.redis, pytest.mark.s3]
 
 REPO = Path(__file__).resolve().parents[2]
-TIMEOUT_S = 420
+TIMEOUT_S = 600  # ~6.5 min on 2 busy cores (~5 min of it with the end-to-end cut-through runs of part 3)
 
 
 _REASON = unsupported_reason()
 needs_netns = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+
+
+def assert_target(doc: dict, key: str, context: object = None) -> None:
+    """The benchmark's own target for ``key`` (from ``TARGETS``, not a looser one), met and reported as met."""
+    op, bound, what = TARGETS[key]
+    value = doc[key]
+    assert value is not None, (key, context)
+    met = value >= bound if op == ">=" else value <= bound
+    assert met, f"{key} = {value}, target {op} {bound}: {what}; {context}"
+    assert doc["targets"][key]["met"] is True
 
 
 def _processes_of(out: Path, prefix: str) -> list[str]:
@@ -131,7 +143,7 @@ def test_delta_beats_full_by_a_wide_margin_at_the_lowest_rate(quick):
     doc, _ = quick
     lowest = min(doc["deliver"]["points"], key=lambda p: p["rate_mbit"])
     assert lowest["full_bytes"] > 50 * lowest["delta_bytes"]
-    assert doc["delta_vs_full_speedup_lowest_rate"] >= 5, doc["deliver"]["points"]
+    assert_target(doc, "delta_vs_full_speedup_lowest_rate", doc["deliver"]["points"])
     # full weights scale with the rate; the delta barely moves
     highest = max(doc["deliver"]["points"], key=lambda p: p["rate_mbit"])
     assert highest["full_s"] < lowest["full_s"]
@@ -143,7 +155,7 @@ def test_parallel_streams_help_at_one_percent_loss(quick):
     doc, _ = quick
     point = next(p for p in doc["streams"]["points"] if p["loss"] == 0.01)
     assert point["link"]["loss_observed"] > 0.003
-    assert doc["streams4_vs_1_speedup_loss1pct"] > 1.2, point["by_streams"]
+    assert_target(doc, "streams4_vs_1_speedup_loss1pct", point["by_streams"])
 
 
 @needs_netns
@@ -152,18 +164,40 @@ def test_relay_copies_each_version_once_per_region(quick):
     doc, _ = quick
     relay = doc["relay_vs_direct"]
     assert relay["actors"] == 4
-    assert 0.95 <= doc["relay_cross_region_copies_per_version"] <= 1.3, relay["relay"]
+    assert doc["relay_cross_region_copies_per_version"] >= 0.95, relay["relay"]
+    assert_target(doc, "relay_cross_region_copies_per_version", relay["relay"])
     assert relay["relay"]["relay_counter_copies"] == pytest.approx(1.0)
     assert doc["direct_cross_region_copies_per_version"] >= 3.8, relay["direct"]
 
 
 @needs_netns
 @pytest.mark.slow
-def test_cut_through_is_measured(quick):
+def test_cut_through_beats_store_and_forward_end_to_end(quick):
     doc, _ = quick
     ct = doc["cut_through"]
     assert ct["cut_through_s"]["n"] >= 1 and ct["encode_then_upload_s"]["n"] >= 1
-    assert ct["cut_through_s"]["median"] > 0
+    assert ct["speedup"] > 1, ct  # streaming the upload alone already helps
+    overlap = ct["overlap"]
+    assert overlap["actors"] == 2 and overlap["cut_through_s"]["n"] >= 1
+    assert_target(doc, "cut_through_vs_store_and_forward", overlap["stages"])
+    for mode, runs in overlap["runs"].items():
+        for run in runs:  # the last actor staged after the region had the version, itself after encoding began
+            assert 0 < run["wan_copy"]["region_staged_s"] <= run["fanout"]["last_actor_staged_s"] == run["total_s"]
+            if mode == "store_and_forward":  # nothing crossed before the manifest, nothing was prefetched
+                assert run["prefetched_segments"] == 0
+                assert run["wan_copy"]["region_staged_s"] > run["extract_encode"]["manifest_s"]
+            else:  # every remote actor prefetched every segment while the version was being published
+                assert run["prefetched_segments"] == len(run["actors"]) * run["segments"]
+    stages = {mode: {k: statistics.fmean(r[k][field] for r in runs)
+                     for k, field in (("wan_copy", "region_staged_s"), ("fanout", "seconds"))}
+              for mode, runs in overlap["runs"].items()}
+    # both the WAN copy and the fanout overlap: the region has the version sooner, and staging after it is shorter
+    assert stages["cut_through"]["wan_copy"] < stages["store_and_forward"]["wan_copy"], stages
+    assert stages["cut_through"]["fanout"] < stages["store_and_forward"]["fanout"], stages
+    if overlap["relay_cache_note"] is None:  # the relay serves its hot cache: the actors read from it
+        assert doc["relay_cache_hit_ratio"] > 0.5, overlap["reads"]
+    else:
+        assert doc["relay_cache_hit_ratio"] is None
 
 
 # --- the pieces outside the benchmark package (no root needed) -------------------------------------------

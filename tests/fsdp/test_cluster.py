@@ -4,6 +4,8 @@ checkpoint, and end on the trainer's final digest."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from aurora_store.codec import TensorTarget, digest_state
@@ -78,3 +80,22 @@ def test_only_metadata_crosses_ranks_when_publishing(run):
         assert int(event["metadata_bytes"]) < min(64 << 10, full_bytes / 20), event
     steps = [e for e in run["log"] if e["kind"] == "step"]
     assert all(int(e["ranks"]) == 2 for e in steps)
+
+
+def test_every_ranks_segments_are_announced_before_the_version(run):
+    """Rank 1 announces its own segments (it has a Redis connection for them): each version's home stream
+    names every segment of the manifest — both ranks' — before the ``staged`` event, each exactly once."""
+    cluster = run["cluster"]
+    events, cursor = [], "0"
+    while batch := cluster.plane.read_events({cluster.spec.home: cursor}, block_ms=None):
+        events.extend(event for _, _, event in batch)
+        cursor = batch[-1][1]
+    store = cluster.store()
+    ranks = {int(e["version"]): json.loads(e["ranks"]) for e in run["log"] if e["kind"] == "publish_ranks"}
+    for version in store.versions():
+        staged = next(i for i, e in enumerate(events) if e.kind == "staged" and e.version == version)
+        announced = [e.segment for e in events[:staged] if e.kind == "segment" and e.version == version]
+        manifest = store.manifest(version)
+        assert sorted(announced) == sorted(s.digest for s in manifest.segments), version
+        first = int(ranks[version][0]["segments"])
+        assert 0 < first < len(manifest.segments)  # both ranks contributed segments

@@ -107,7 +107,12 @@ def test_manifests_list_each_ranks_segments_in_rank_order_over_disjoint_ranges(t
         cut = 17 * embed.row_size
         assert all(c.hi <= cut for s in first for c in s.chunks if c.tensor == embed.name)
         assert all(c.lo >= cut for s in second for c in s.chunks if c.tensor == embed.name)
-        assert {s.digest for s in manifest.segments} <= set(results[0]["announced"])
+        # every rank announced exactly its own segments, each before the manifest existed (cut-through from
+        # every rank, not from rank 0 after the gather)
+        for rank, mine in ((0, first), (1, second)):
+            announced = [(digest, late) for v, digest, late in results[rank]["announced"] if v == version]
+            assert sorted(d for d, _ in announced) == sorted(s.digest for s in mine), (version, rank)
+            assert not any(late for _, late in announced), (version, rank)
 
 
 def test_publishing_moves_no_weights_between_ranks(two):

@@ -25,7 +25,7 @@ from aurora_store.codec import CodecParams, ModelLayout
 from aurora_store.codec.digest import ZERO, WeightsDigest
 from aurora_store.codec.sharding import rows_digest
 from aurora_store.errors import ConfigError
-from aurora_store.store import DeltaStore
+from aurora_store.store import DeltaStore, object_names
 from aurora_store.store.publisher import VersionPublisher
 from tests.fsdp.audit import install
 from workers.rl.grpo import GRPOConfig, Sample
@@ -62,9 +62,13 @@ class Run:
         self.layout = ModelLayout.from_config(MODEL_CONFIG)
         self.store = DeltaStore(spec["bucket"], create=True)
         self.publisher = VersionPublisher(self.store, self.layout, CodecParams(segment_bytes=16 << 10), streams=2)
-        self.announced: list[str] = []
-        self.rank_publisher = RankPublisher(ranks, self.publisher,
-                                            announce=lambda ref: self.announced.append(ref.digest))
+        self.announced: list[tuple[int, str, bool]] = []  # (version, segment, manifest already there?)
+        self.publishing = 0
+        self.rank_publisher = RankPublisher(ranks, self.publisher, announce=self._announce)
+
+    def _announce(self, ref) -> None:
+        self.announced.append((self.publishing, ref.digest, self.store.bucket.exists(object_names.delta(
+            self.publishing))))
 
     def build(self) -> tuple[ShardedPolicy, ShardedLearner]:
         model = build_model(MODEL_CONFIG, seed=0)
@@ -132,6 +136,7 @@ class Run:
                                     checkpoint.LATEST)
                 ranks.barrier()
             new = policy.cast_rows()
+            self.publishing = step
             with audit.watching():
                 outcome = self.rank_publisher.publish(step, step - 1, digest, policy.published, new)
             result["publish_audit"].append(audit.as_json())

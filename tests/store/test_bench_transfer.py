@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.s3
 def test_transfer_bench_prints_one_json_object_for_both_stores():
     proc = subprocess.run([sys.executable, "-m", "benchmarks", "transfer", "--json", "--mb", "2",
-                           "--segment-mb", "1", "--streams", "1,2", "--repeats", "1"],
+                           "--segment-mb", "1", "--streams", "1,2", "--repeats", "1", "--versions", "3"],
                           cwd=REPO, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
@@ -30,6 +30,11 @@ def test_transfer_bench_prints_one_json_object_for_both_stores():
             assert figures["upload_mb_per_s"] == pytest.approx((2 << 20) / 1e6 / figures["upload_s"])
         one, two = doc[store]["1"], doc[store]["2"]
         assert doc[store]["download_speedup"] == pytest.approx(one["download_s"] / two["download_s"])
+    chain = doc["s3_loopback"]["versions"]  # warm (one pool, one client) vs cold (both new) per version
+    assert chain["versions"] == 3 and len(chain["warm_s"]) == len(chain["cold_s"]) == 3
+    assert doc["first_version_s"] == chain["warm_s"][0] > 0
+    assert doc["later_versions_s_mean"] == pytest.approx(sum(chain["warm_s"][1:]) / 2)
+    assert doc["warm_vs_cold"] == pytest.approx(doc["later_versions_s_mean"] / chain["cold_versions_s_mean"])
 
 
 def test_bad_stream_counts_are_a_clear_error():

@@ -28,6 +28,7 @@ class RelayConfig:
     cache_port: int = 8470
     cache_host: str | None = None  # the host name actors are told; None: this machine's name
     cache_connections: int = 16  # requests served at once; more get 503 (and read the regional bucket)
+    store_and_forward: bool = False  # ignore segment events: copy a version only once its manifest exists
 
 
 def _positive_seconds(text: str) -> float:
@@ -75,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                                              "machine's name)")
     parser.add_argument("--cache-connections", type=int, default=16,
                         help="requests served at once; more are answered 503 (the reader uses its bucket)")
+    parser.add_argument("--store-and-forward", action="store_true",
+                        help="copy a version only once its manifest is announced, not segment by segment as the "
+                             "trainer uploads them (the baseline that benchmarks compare cut-through against)")
     return parser
 
 
@@ -85,4 +89,5 @@ def parse_args(argv: list[str] | None = None) -> RelayConfig:
                        metrics_port=args.metrics_port, trainer_public_key=args.trainer_public_key,
                        stall_s=args.stall_s, serve_cache=args.serve_cache, cache_token=args.cache_token,
                        cache_bind=args.cache_bind, cache_port=args.cache_port, cache_host=args.cache_host,
-                       cache_connections=args.cache_connections)
+                       cache_connections=args.cache_connections,
+                       store_and_forward=args.store_and_forward)

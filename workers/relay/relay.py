@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, wait
 from pathlib import Path
 
 from aurora_store import logs
@@ -25,6 +25,7 @@ from aurora_store.config import TransferSettings
 from aurora_store.errors import AuroraError, ObjectNotFoundError, VersionExistsError
 from aurora_store.metrics import Metrics
 from aurora_store.store import DeltaStore, object_names, open_bucket
+from aurora_store.store.pool import shared_pool
 from aurora_store.store.snapshots import read_snapshot_manifest
 from aurora_store.trust import Verifier
 from workers.relay.cli import RelayConfig, parse_args
@@ -124,7 +125,7 @@ class Relay:
         if config.metrics_port:
             self.metrics.serve(config.metrics_port)
         self.cache = SegmentCache(config.cache_bytes, config.cache_dir, self.metrics)
-        self.pool = ThreadPoolExecutor(max_workers=settings.streams, thread_name_prefix="relay-copy")
+        self.pool = shared_pool().lanes(settings.streams)  # the process's warm transfer threads, S at a time
         self.inflight: dict[str, Future] = {}
         self.present: set[str] = set()
         self.forwarded: set[int] = set()
@@ -365,14 +366,17 @@ class Relay:
             except AuroraError as exc:
                 log.error("relay step failed; will resync", extra={"error": str(exc), "kind": type(exc).__name__})
                 time.sleep(0.5)
-        self.pool.shutdown(wait=True)
+        with self._lock:
+            copies = list(self.inflight.values())
+        wait(copies)
         if self.server is not None:
             self.server.stop()
         beating.join(timeout=5)
         return 0
 
     def _handle(self, event: VersionEvent) -> None:
-        if event.kind == "segment" and event.segment and event.size is not None:
+        if (event.kind == "segment" and event.segment and event.size is not None
+                and not self.config.store_and_forward):
             self.copy_segment(SegmentRef(event.segment, event.size, ()), event.version)
         elif event.kind == "staged":
             self.forward_version(event.version)

@@ -7,9 +7,9 @@ counts, the digest contribution, the flat ranges covered and timings (a :class:`
 rank 0, which writes the manifest (rank 0's segments first, then rank 1's, …) once every segment is
 durable, then tells the others the new digest. No parameter is gathered on this path.
 
-Relays learn about segments from rank 0 alone (the only rank that talks to Redis): its own segments as
-each becomes durable (cut-through, as before), the other ranks' right after the gather, before the
-manifest exists — so relays may start copying everything before the version is announced.
+Every rank announces its own segments as each becomes durable (cut-through: each rank has a Redis
+connection for ``segment`` events; everything else on Redis is rank 0's), so relays and prefetching actors
+start copying rank 1's segments while rank 1 is still encoding, not after rank 0 has gathered the parts.
 """
 
 from __future__ import annotations
@@ -54,13 +54,13 @@ class PublishOutcome:
 
 
 class RankPublisher:
-    """Runs :meth:`publish` on every rank; rank 0 additionally announces segments and writes the manifest."""
+    """Runs :meth:`publish` on every rank, each announcing its own segments; rank 0 writes the manifest."""
 
     def __init__(self, ranks: Ranks, publisher: VersionPublisher,
                  announce: Callable[[SegmentRef], None] | None = None) -> None:
         self.ranks = ranks
         self.publisher = publisher
-        self.announce = announce if ranks.leader else None
+        self.announce = announce
 
     def publish(self, version: int, base_version: int, base_digest: WeightsDigest,
                 old: Mapping[str, LocalRows], new: Mapping[str, LocalRows]) -> PublishOutcome:
@@ -78,10 +78,6 @@ class RankPublisher:
             try:
                 parts = [DeltaPart.from_json(doc["part"]) for doc in gathered]
                 timings = tuple(RankTiming(**doc["timing"]) for doc in gathered)
-                if self.announce is not None:
-                    for other in parts[1:]:
-                        for ref in other.segments:
-                            self.announce(ref)
                 report = self.publisher.publish_parts(
                     version, base_version, base_digest, parts, started=started,
                     encode_s=max(t.encode_s for t in timings), upload_s=max(t.upload_s for t in timings),

@@ -100,9 +100,11 @@ class Trainer:
         if cfg.streams:
             settings = TransferSettings(**{**settings.__dict__, "streams": cfg.streams})
         self.settings = settings
-        # Every rank uploads its own segments and snapshot files; only rank 0 talks to Redis.
+        # Every rank uploads its own segments and snapshot files and announces its segments (``segment_plane``);
+        # everything else on Redis is rank 0's.
         self.store = DeltaStore(open_bucket(cfg.bucket, create=True, settings=settings), settings)
         self.plane = ControlPlane(cfg.redis, cfg.run, on_reconnect=self._on_redis_restart) if leader else None
+        self.segment_plane = self.plane or ControlPlane(cfg.redis, cfg.run)
         self.task = MathFileTask(cfg.dataset, seed=cfg.seed) if cfg.dataset else \
             AdditionTask(max_operand=cfg.max_operand, seed=cfg.seed)
         self.model, self.tokenizer, self.model_config = self._build_model()
@@ -116,8 +118,7 @@ class Trainer:
             producer["ranks"] = self.ranks.world
         self.publisher = VersionPublisher(self.store, self.layout, CodecParams(segment_bytes=cfg.segment_bytes),
                                           settings.streams, producer=producer, sign=self.sign)
-        self.rank_publisher = RankPublisher(self.ranks, self.publisher,
-                                            announce=self._announce_segment if leader else None)
+        self.rank_publisher = RankPublisher(self.ranks, self.publisher, announce=self._announce_segment)
         self.metrics = Metrics("trainer", cfg.run, cfg.region)
         if cfg.metrics_port and leader:
             self.metrics.serve(cfg.metrics_port)
@@ -257,7 +258,7 @@ class Trainer:
     # --- publishing ------------------------------------------------------------------------------
 
     def _announce_segment(self, ref) -> None:
-        self.plane.announce(VersionEvent("segment", self._publishing, self.config.region, segment=ref.digest,
+        self.segment_plane.announce(VersionEvent("segment", self._publishing, self.config.region, segment=ref.digest,
                                          size=ref.size))
 
     def _publish(self, version: int) -> tuple[int, float, float]:
