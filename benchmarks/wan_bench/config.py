@@ -16,27 +16,41 @@ MIB = 1 << 20
 
 @dataclass(frozen=True)
 class E2EConfig:
-    """Part 5: a short real run (trainer at home; relay + actors in the remote region) per mode."""
+    """Part 5: short real runs (trainer at home; relay + actors in the remote region), one per mode per round."""
 
     model_config: dict[str, Any] = field(default_factory=lambda: {
         "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4, "head_dim": 64,
         "num_attention_heads": 8, "num_key_value_heads": 4})
-    rate_mbit: float = 10.0  # a full broadcast (25 MB) takes ~21 s here: well over the ~6 s generation window
+    rate_mbit: float = 10.0  # a full broadcast (25 MB) takes ~21 s here: well over the ~10 s generation window
     rtt_ms: float = 50.0
-    steps: int = 12  # 10 measured intervals: fewer let one slow step swing the mean by several percent
+    # Trainer steps per run (steps − skip_steps measured intervals). Short runs, many rounds: the rounds are the
+    # units of the interval (t with rounds − 1 df), and a run's bootstrap (~1–2 min on busy cores) is paid anyway.
+    steps: int = 8
+    full_steps: int = 5  # full (~20 s a step): its ratio to delta is ~2, it needs no ±3 % precision
     skip_steps: int = 2  # step records whose interval to the previous one is not steady state (bootstrap)
+    # Modes run interleaved, one run each per round (order rotated per round), and the 95 % interval of a
+    # ratio treats rounds as the units: drift of the shared machine between rounds cancels within a round.
+    rounds: int = 6
+    # ... as many as fit: no round starts unless one more (as long as the slowest so far) ends within this
+    budget_s: float = 2400.0
+    target_ci_half_width: float = 0.03  # e2e_delta_vs_ideal's 95 % interval must be no wider than ±3 %
     batch_size: int = 9  # prompts per step: three per actor (``--split uniform``, so every step looks alike)
     group_size: int = 8
     actors: int = 3
     # prompts an actor generates together (also sizes its capacity calibration): one step's share, so batch
     # boundaries fall on step boundaries (with 4, a batch straddled two steps and step times alternated ~5/10 s)
     actor_batch_size: int = 3
-    # generation must dominate the step, as in real RL: 3 prompts × 8 samples × ≤3 tokens per actor at this
-    # emulated rate ≈ 6 s; training (1 epoch, 72 samples) takes 0.5–4 s on two busy cores
-    sim_tokens_per_s: float = 12.0
+    # Generation must dominate the step, as in real RL, and take the same time every step. Charged at full
+    # length (``--sim-full-length``): 3 prompts × 8 samples × 3 tokens per actor at 7 tokens/s = 10.3 s, every
+    # step. One-step-async puts train → publish → stage → generate on a loop two steps long: unless generation
+    # outlasts training + publishing + staging (here 2–8 s), the loop binds and its slack alternates between
+    # odd and even steps (intervals swung 5 ↔ 9 s at 12 tokens/s with sampled lengths: 4–6 s of generation).
+    sim_tokens_per_s: float = 7.0
+    sim_full_length: bool = True
     split: str = "uniform"
     lr: float = 1e-6  # a realistic RL step size: deltas of a few % density
     epochs: int = 1  # optimizer updates per batch: keeps training (2 CPU cores) shorter than generation
+    # supervised steps before RL, done once for all runs (:mod:`benchmarks.wan_bench.warm`), not once per run
     warm_start_steps: int = 20
     # Measure transfer cost, not its side effects: leases must not expire while an actor waits for a full
     # snapshot, and a relay busy copying one (its heartbeat shares the copy loop) must not be declared dead,
@@ -45,6 +59,9 @@ class E2EConfig:
     heartbeat_ttl_s: int = 60
     modes: tuple[str, ...] = ("ideal", "delta", "full")
     timeout_s: float = 900.0
+
+    def steps_of(self, mode: str) -> int:
+        return self.full_steps if mode == "full" else self.steps
 
 
 @dataclass(frozen=True)
@@ -113,8 +130,9 @@ def quick_config(**overrides: Any) -> BenchConfig:
         big_lr=2e-5, big_segment_bytes=256 * 1024,
         losses=(0.01,), stream_counts=(1, 4), streams_repeats=2,
         cut_repeats=1, overlap_repeats=1, overlap_rate_mbit=5.0,
-        e2e=E2EConfig(model_config={}, rate_mbit=2.0, steps=5, batch_size=6, group_size=4, actors=2,
-                      sim_tokens_per_s=12.0, warm_start_steps=10),
+        e2e=E2EConfig(model_config={}, rate_mbit=2.0, steps=6, full_steps=5, batch_size=6, group_size=4, actors=2,
+                      sim_tokens_per_s=12.0, warm_start_steps=10, rounds=1, budget_s=600.0,
+                      target_ci_half_width=1.0),  # one small round on busy cores: the machinery, not precision
         calibrate_seconds=1.5,
         parts=tuple(p for p in PARTS if p != "e2e"),
     )

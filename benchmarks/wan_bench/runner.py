@@ -24,8 +24,10 @@ TARGETS = {
     "relay_cross_region_copies_per_version": ("<=", 1.15, "one cross-region copy per region (+ header overhead)"),
     "cut_through_vs_store_and_forward": ("<=", 0.6, "publish start → last remote actor staged: full cut-through "
                                                     "within 60 % of store-and-forward"),
-    "e2e_delta_vs_ideal": ("<=", 1.10, "delta run within 10 % of the ideal run"),
 }
+# Part 5 is judged by its 95 % interval, not its point: precise enough (no wider than the configured ±3 %), delta not
+# measurably faster than ideal (that would be noise: delta does all ideal does and more), and within 10 % of it.
+E2E_LOW, E2E_HIGH = 0.97, 1.10
 
 
 def run(cfg: BenchConfig, out_dir: Path) -> dict[str, Any]:
@@ -142,8 +144,11 @@ def _summarize(doc: dict[str, Any]) -> None:
     doc["relay_cross_region_copies_per_version"] = relay["relay"]["copies"] / relay["regions"] if relay else None
     doc["direct_cross_region_copies_per_version"] = relay["direct"]["copies"] / relay["regions"] if relay else None
     doc["relay_vs_direct_time_speedup"] = relay["time_speedup"] if relay else None
-    doc["e2e_delta_vs_ideal"] = e2e_doc.get("delta_vs_ideal") if e2e_doc else None
-    doc["e2e_full_vs_delta"] = e2e_doc.get("full_vs_delta") if e2e_doc else None
+    for key in ("delta_vs_ideal", "delta_vs_ideal_ci95", "full_vs_delta", "full_vs_delta_ci95"):
+        doc[f"e2e_{key}"] = e2e_doc.get(key) if e2e_doc else None
+    doc["e2e_modes"] = None if not e2e_doc else {
+        mode: {k: m[k] for k in ("mean_step_s", "median_step_s", "stdev_step_s", "intervals")}
+        for mode, m in e2e_doc["modes"].items()}
     links = doc.get("links") or {}
     main = None
     if deliver:
@@ -159,11 +164,25 @@ def _summarize(doc: dict[str, Any]) -> None:
         value = doc.get(key)
         met = None if value is None else (value >= bound if op == ">=" else value <= bound)
         targets[key] = {"value": value, "target": f"{op} {bound:g}", "met": met, "what": what}
+    targets["e2e_delta_vs_ideal"] = _e2e_target(doc, e2e_doc)
     if deliver:
         full_s = deliver["full_s_lowest_rate"]
         targets["full_s_lowest_rate"] = {"value": full_s, "target": ">= 60", "met": full_s >= 60,
                                          "what": "full weights take at least 60 s at the lowest rate (sizing)"}
     doc["targets"] = targets
+
+
+def _e2e_target(doc: dict[str, Any], e2e_doc: dict[str, Any] | None) -> dict[str, Any]:
+    value, ci = doc.get("e2e_delta_vs_ideal"), doc.get("e2e_delta_vs_ideal_ci95")
+    width = e2e_doc["config"]["target_ci_half_width"] if e2e_doc else None
+    met = None
+    if value is not None and ci is not None and width is not None:
+        low, high = ci
+        met = max(value - low, high - value) <= width * value and low >= E2E_LOW and high <= E2E_HIGH
+    return {"value": value, "ci95": ci, "met": met,
+            "target": f"95 % interval within ±{(width or 0) * 100:g} % of the point, low >= {E2E_LOW:g}, "
+                      f"high <= {E2E_HIGH:g}",
+            "what": "delta run within 10 % of the ideal run, measured to ±3 % (not measurably faster than ideal)"}
 
 
 def _plots(doc: dict[str, Any], out_dir: Path) -> list[str]:

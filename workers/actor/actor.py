@@ -503,11 +503,13 @@ class Actor:
     def _generate(self, batch: list[Lease]) -> None:
         version, digest = self.target.version, str(self.target.digest)  # stamped at dispatch
         started = time.perf_counter()
-        groups = self.engine.generate([lease.prompt for lease in batch], batch[0].group_size,
-                                      self.config.max_new_tokens or batch[0].max_new_tokens, batch[0].temperature,
+        max_new_tokens = self.config.max_new_tokens or batch[0].max_new_tokens
+        groups = self.engine.generate([lease.prompt for lease in batch], batch[0].group_size, max_new_tokens,
+                                      batch[0].temperature,
                                       seed=(int(batch[0].lease_id[:8], 16) ^ self.config.seed) & 0x7FFFFFFF)
         tokens = sum(len(c.ids) for group in groups for c in group)
-        elapsed = self._emulate(time.perf_counter() - started, tokens)
+        elapsed = self._emulate(time.perf_counter() - started, self._charged(tokens, len(groups) * batch[0].group_size,
+                                                                             max_new_tokens))
         self.metrics.tokens.inc(tokens)
         if len(batch) >= self.config.batch_size and elapsed > 0:
             # Capacity is measured on full batches only: partial batches are dominated by fixed costs and
@@ -540,6 +542,11 @@ class Actor:
             time.sleep(target - elapsed)
         return target
 
+    def _charged(self, tokens: int, samples: int, max_new_tokens: int) -> int:
+        """Tokens the emulated engine is charged for: what was sampled, or with ``--sim-full-length`` every
+        sample's whole budget (sampled lengths vary step to step, and would make emulated steps vary with them)."""
+        return samples * max_new_tokens if self.config.sim_full_length else tokens
+
     def calibrate(self, warm_up: bool = False) -> None:
         """Measure generation capacity (tokens/s) once, before taking work. It is only the prior the trainer
         may use until it has measured this actor's settled work, so it is not repeated when idle: a
@@ -548,8 +555,9 @@ class Actor:
         if warm_up:
             self.engine.generate(prompts, 2, 2, 1.0, seed=0)  # first calls pay one-time costs
         started = time.perf_counter()
-        groups = self.engine.generate(prompts, 4, self.config.max_new_tokens or 4, 1.0, seed=1)
-        tokens = sum(len(c.ids) for g in groups for c in g)
+        max_new_tokens = self.config.max_new_tokens or 4
+        groups = self.engine.generate(prompts, 4, max_new_tokens, 1.0, seed=1)
+        tokens = self._charged(sum(len(c.ids) for g in groups for c in g), 4 * len(prompts), max_new_tokens)
         rate = tokens / self._emulate(time.perf_counter() - started, tokens)
         self.tokens_per_s = rate if not self.tokens_per_s else 0.5 * self.tokens_per_s + 0.5 * rate
         self.calibrated_at = time.monotonic()

@@ -29,6 +29,9 @@ class ActorConfig:
     seed: int
     verify_full_digest: bool  # re-hash all weights after every activation (tests)
     sim_tokens_per_s: float | None  # emulate a slower accelerator: generation takes ≥ tokens / rate seconds
+    # with sim_tokens_per_s: charge every sample its whole token budget (as a batched engine decoding to the
+    # longest sample does), so emulated time no longer depends on sampled lengths (benchmarks: steady steps)
+    sim_full_length: bool = False
     full_sync: bool = False  # baseline: stage every version from its full snapshot instead of its delta
     engine_options: EngineOptions = field(default_factory=EngineOptions)  # --device, vLLM flags
     throttle_file: str | None = None  # tests: a tokens/s cap read before every batch, hidden from the self-report
@@ -78,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sim-tokens-per-s", type=float, default=None,
                         help="emulate an engine of this throughput (scheduling experiments): batches take at least "
                              "tokens / rate seconds")
+    parser.add_argument("--sim-full-length", action="store_true",
+                        help="with --sim-tokens-per-s: charge every sample its whole max-new-tokens budget, so a "
+                             "batch's emulated time depends on its size only, not on sampled lengths (benchmarks)")
     parser.add_argument("--full-sync", action="store_true",
                         help="baseline for benchmarks: stage every version from its full snapshot instead of the delta "
                              "(needs the trainer to run with --snapshot-every 1)")
@@ -118,6 +124,7 @@ def parse_args(argv: list[str] | None = None) -> ActorConfig:
         trainer_public_key=args.trainer_public_key, batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens, slowdown=args.slowdown, seed=args.seed,
         verify_full_digest=args.verify_full_digest, sim_tokens_per_s=args.sim_tokens_per_s,
+        sim_full_length=args.sim_full_length,
         full_sync=args.full_sync, throttle_file=args.throttle_file, claim_tokens_per_s=args.claim_tokens_per_s,
         prefetch=args.prefetch, prefetch_bytes=args.prefetch_bytes, cache_token=args.cache_token,
         cache_timeout_s=args.cache_timeout_s,

@@ -1,0 +1,36 @@
+"""Part 5's pieces that need no root: round order, step intervals, the actor's full-length emulation flag."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from benchmarks.wan_bench.e2e import round_order, step_times
+
+
+def test_every_mode_takes_every_position_equally_often():
+    modes = ("ideal", "delta", "full")
+    orders = [round_order(modes, i) for i in range(6)]
+    assert orders[0] == ["ideal", "delta", "full"] and orders[1] == ["delta", "full", "ideal"]
+    for position in range(3):
+        assert Counter(o[position] for o in orders) == Counter(dict.fromkeys(modes, 2))
+
+
+def test_step_intervals_leave_out_the_bootstrap():
+    records = [{"step": str(s), "id": f"{ms}-0"} for s, ms in ((3, 30_000), (1, 10_000), (2, 21_000), (4, 38_500))]
+    assert step_times(records, 2) == [9.0, 8.5]  # steps 3 and 4; the 1 → 2 interval is bootstrap
+    assert step_times(records, 0) == [11.0, 9.0, 8.5]
+
+
+def test_actor_sim_full_length_charges_the_whole_budget():
+    from workers.actor.actor import Actor
+    from workers.actor.cli import parse_args
+
+    common = ["--bucket", "b", "--redis", "redis://x", "--region", "r", "--engine", "torch", "--sim-tokens-per-s", "7"]
+    assert parse_args(common).sim_full_length is False
+    full = parse_args([*common, "--sim-full-length"])
+    assert full.sim_full_length is True
+    actor = Actor.__new__(Actor)  # only the pure accounting: no engine, bucket or Redis behind it
+    actor.config = full
+    assert actor._charged(tokens=41, samples=24, max_new_tokens=3) == 72
+    actor.config = parse_args(common)
+    assert actor._charged(tokens=41, samples=24, max_new_tokens=3) == 41
