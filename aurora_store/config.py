@@ -109,6 +109,7 @@ class CommandDefaults:
     # AURORA_CACHE_TOKEN: the run's bearer secret for the relays' segment caches (relay serves, actors read);
     # from the environment rather than the command line, where other users of the host could read it.
     cache_token: str | None = None
+    wandb_project: str = "aurora"  # WANDB_PROJECT: the Weights & Biases project of ``--wandb``
 
     @classmethod
     def from_env(cls) -> CommandDefaults:
@@ -116,4 +117,23 @@ class CommandDefaults:
             return os.environ.get(name) or None
 
         return cls(get("AURORA_TRAINER_PUBLIC_KEY"), get("AURORA_SIGNING_KEY"), get("AURORA_REDIS"), get("AURORA_RUN"),
-                   get("AURORA_CACHE_TOKEN"))
+                   get("AURORA_CACHE_TOKEN"), get("WANDB_PROJECT") or "aurora")
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """What a launcher (``torchrun``) tells each process it starts: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``.
+    Without a launcher: one rank, no local rank."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int | None = None  # None: not started by a launcher
+
+    @property
+    def launched(self) -> bool:
+        return self.local_rank is not None
+
+    @classmethod
+    def from_env(cls) -> LaunchEnv:
+        local = os.environ.get("LOCAL_RANK")
+        return cls(_int("RANK", 0), _int("WORLD_SIZE", 1, minimum=1), None if local is None else _int("LOCAL_RANK", 0))

@@ -104,8 +104,10 @@ class Actor:
 
     # --- bootstrap -------------------------------------------------------------------------------
 
-    def _wait_for_run(self, timeout_s: float = 300.0) -> dict:
-        deadline = time.monotonic() + timeout_s
+    def _wait_for_run(self) -> dict:
+        timeout_s = self.config.wait_for_run_s
+        started = time.monotonic()
+        next_note = started + 30.0
         while True:
             info = self._run_info(self.regional)
             if info is not None and self.regional.snapshot_versions():
@@ -115,8 +117,14 @@ class Actor:
                 info = self._run_info(source)
                 if info is not None and source.snapshot_versions():
                     return info
-            if time.monotonic() > deadline:
-                raise VersionNotFoundError(f"no run and snapshot appeared in {self.regional.url}")
+            now = time.monotonic()
+            if timeout_s > 0 and now - started > timeout_s:
+                raise VersionNotFoundError(f"no run and snapshot appeared in {self.regional.url} in {timeout_s:g} s "
+                                           f"(is the trainer running? raise --wait-for-run to wait longer)")
+            if now >= next_note:  # say why nothing happens yet, so a waiting actor does not look hung
+                log.info("waiting for the run's first snapshot", extra={"bucket": self.regional.url,
+                                                                        "waited_s": round(now - started)})
+                next_note = now + 30.0
             time.sleep(0.5)
 
     @staticmethod

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass, field
 
 from aurora_store.config import CommandDefaults, default_run_name
@@ -40,6 +39,9 @@ class ActorConfig:
     prefetch_bytes: int = 512 << 20  # held + in flight at most; beyond, staging fetches
     cache_token: str | None = None  # the run's bearer secret for the relay's segment cache; None: bucket only
     cache_timeout_s: float = 5.0  # a cache read slower than this falls through to the bucket
+    # Spot actors are often up before the trainer has warmed up and written its first snapshot: wait that long
+    # (logging while waiting) before giving up; 0 waits for ever.
+    wait_for_run_s: float = 1800.0
 
 
 def default_engine() -> str:
@@ -72,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--streams", type=int, help="parallel download streams (default AURORA_STREAMS or 4)")
     parser.add_argument("--cache-dir", help="local directory for snapshot files (vLLM loads from here)")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    parser.add_argument("--trainer-public-key", default=os.environ.get("AURORA_TRAINER_PUBLIC_KEY"),
+    parser.add_argument("--trainer-public-key", default=CommandDefaults.from_env().trainer_public_key,
                         help="trainer's Ed25519 public key (file path or base64); manifests must verify against it")
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per generation batch")
     parser.add_argument("--max-new-tokens", type=int, default=None)
@@ -112,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "preferred: command lines are visible to other users); without one, buckets only")
     parser.add_argument("--cache-timeout", dest="cache_timeout_s", type=float, default=5.0,
                         help="seconds before a relay-cache read falls through to the bucket")
+    parser.add_argument("--wait-for-run", dest="wait_for_run_s", type=float, default=1800.0,
+                        help="seconds to wait for the run's first snapshot to appear before giving up (an actor "
+                             "may start long before the trainer publishes; 0: wait for ever; default 1800)")
     return parser
 
 
@@ -127,6 +132,6 @@ def parse_args(argv: list[str] | None = None) -> ActorConfig:
         sim_full_length=args.sim_full_length,
         full_sync=args.full_sync, throttle_file=args.throttle_file, claim_tokens_per_s=args.claim_tokens_per_s,
         prefetch=args.prefetch, prefetch_bytes=args.prefetch_bytes, cache_token=args.cache_token,
-        cache_timeout_s=args.cache_timeout_s,
+        cache_timeout_s=args.cache_timeout_s, wait_for_run_s=args.wait_for_run_s,
         engine_options=EngineOptions(args.device, args.enforce_eager, args.gpu_memory_utilization,
                                      args.tensor_parallel_size))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 
 from aurora_store.config import CommandDefaults, default_run_name
@@ -58,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache-dir", help="disk tier of the hot cache (default: none)")
     parser.add_argument("--cache-bytes", type=int, default=256 << 20, help="memory tier of the hot cache")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    parser.add_argument("--trainer-public-key", default=os.environ.get("AURORA_TRAINER_PUBLIC_KEY"),
+    parser.add_argument("--trainer-public-key", default=CommandDefaults.from_env().trainer_public_key,
                         help="trainer's Ed25519 public key; unsigned or mis-signed manifests are not forwarded")
     parser.add_argument("--stall-s", type=_positive_seconds, default=120.0,
                         help="stop heartbeating when no copy or loop iteration has completed for this many "

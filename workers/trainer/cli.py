@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 
 from aurora_store.codec.params import DEFAULT_SEGMENT_BYTES
-from aurora_store.config import default_run_name
+from aurora_store.config import CommandDefaults, default_run_name
 
 
 @dataclass(frozen=True)
@@ -84,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--segment-bytes", type=int, default=DEFAULT_SEGMENT_BYTES)
     p.add_argument("--lease-factor", type=float, default=2.5, help="lease expiry = factor × median completion")
     p.add_argument("--initial-lease-s", type=float, default=60.0, help="lease expiry before anything is measured")
-    p.add_argument("--signing-key", default=os.environ.get("AURORA_SIGNING_KEY"),
+    p.add_argument("--signing-key", default=CommandDefaults.from_env().signing_key,
                    help="Ed25519 private key (file or base64) used to sign manifests")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.add_argument("--logdir", help="TensorBoard event files go here (default: <checkpoint-dir>/tb)")

@@ -4,9 +4,10 @@ Weights & Biases (``WANDB_MODE=offline`` works without a network). Both are opti
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
+
+from aurora_store.config import CommandDefaults
 
 log = logging.getLogger("aurora.trainer.curves")
 
@@ -27,7 +28,7 @@ class CurveLogger:
             try:
                 import wandb
 
-                self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "aurora"), name=run,
+                self._wandb = wandb.init(project=CommandDefaults.from_env().wandb_project, name=run,
                                          dir=str(self.logdir), config=config, reinit=True)
             except ImportError:
                 log.warning("--wandb given but wandb is not installed (pip install wandb)")

@@ -8,10 +8,9 @@ snapshot's row gathers, which stay on the host); on the CPU it is gloo alone, as
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from aurora_store.config import LaunchEnv
 from aurora_store.errors import ConfigError
 
 DEVICES = ("auto", "cuda", "cpu")
@@ -25,7 +24,7 @@ def resolve_device(choice: str, local_rank: int | None = None) -> torch.device:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ConfigError("--device cuda but torch sees no CUDA device (CPU-only build or no driver)")
-    index = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
+    index = (LaunchEnv.from_env().local_rank or 0) if local_rank is None else local_rank
     if index >= torch.cuda.device_count():
         raise ConfigError(f"LOCAL_RANK {index} but only {torch.cuda.device_count()} CUDA device(s): run one "
                           f"process per GPU (torchrun --nproc-per-node ≤ {torch.cuda.device_count()})")

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from aurora_store.config import LaunchEnv
 from aurora_store.errors import AuroraError, ConfigError
 
 #: Collectives wait this long before failing (rank 0 may wait for actors for a whole step timeout).
@@ -40,7 +41,7 @@ class Ranks:
         """The process group ``torchrun`` describes in the environment (``WORLD_SIZE``, ``RANK``, …), or a
         single rank without a process group when it describes none. ``backend``: see
         :func:`workers.trainer.device.process_group_backend`."""
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+        world = LaunchEnv.from_env().world_size
         if world <= 1:
             return cls()
         if not dist.is_available():

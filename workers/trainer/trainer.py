@@ -36,7 +36,7 @@ from aurora_store.bus import ControlPlane, TrainerState, VersionEvent
 from aurora_store.codec import CodecParams, ModelLayout
 from aurora_store.codec.digest import ZERO, WeightsDigest
 from aurora_store.codec.sharding import LocalRows, rows_digest
-from aurora_store.config import TransferSettings
+from aurora_store.config import LaunchEnv, TransferSettings
 from aurora_store.errors import AuroraError, ConfigError, DigestMismatchError
 from aurora_store.metrics import Metrics
 from aurora_store.sched import LeasePolicy, Prompt, StepLedger, ThroughputEstimator
@@ -482,8 +482,9 @@ def main(argv: list[str] | None = None) -> int:
     from workers.trainer.cli import parse_args
 
     cfg = parse_args(argv)
-    rank = int(os.environ.get("RANK", "0"))
-    if "LOCAL_RANK" in os.environ:
+    launch = LaunchEnv.from_env()
+    rank = launch.rank
+    if launch.launched:
         _die_with_launcher()
     logs.configure("trainer" if rank == 0 else f"trainer-rank{rank}", cfg.run)
     torch.manual_seed(cfg.seed)
