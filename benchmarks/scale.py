@@ -194,7 +194,7 @@ def _role_publish(spec: dict[str, Any]) -> dict[str, Any]:
 def _plain_scatter_jobs(layout: ModelLayout, weights: dict[str, torch.Tensor],
                         updates) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """``(storage, local indices, bits)`` per training tensor: the same writes as an activation, already cut at
-    the q/k/v and gate/up boundaries, so timing them is the floor — one ``index_copy_`` per tensor."""
+    the q/k/v and gate/up boundaries, so timing them is the floor — one ``scatter_`` per tensor."""
     jobs = []
     for update in updates:
         tensor = layout[update.tensor]
@@ -210,7 +210,7 @@ def _plain_scatter_jobs(layout: ModelLayout, weights: dict[str, torch.Tensor],
 def _role_actor(spec: dict[str, Any]) -> dict[str, Any]:
     """Staging (fetch + verify + decode + digest; no writes) and activation (the batch-boundary scatter) timed
     apart, as an actor does them apart (staging runs in the background while it generates); activation is
-    judged against a plain ``index_copy_`` of the same indices into the same tensors."""
+    judged against a plain ``scatter_`` of the same indices into the same tensors."""
     from aurora_store.codec.decoder import activate
     from aurora_store.codec.target import TensorTarget
     from aurora_store.store.replay import stage_version
@@ -234,7 +234,7 @@ def _role_actor(spec: dict[str, Any]) -> dict[str, Any]:
     for _ in range(spec.get("repeats", 3)):
         t0 = time.perf_counter()
         for storage, local, bits in jobs:
-            storage.index_copy_(0, local, bits)
+            storage.scatter_(0, local, bits)
         scatter_s.append(time.perf_counter() - t0)
         target.version, target.digest = 0, base
         t0 = time.perf_counter()
@@ -435,7 +435,7 @@ def summarize(results: dict[str, Any], *, streams: int, lr: float, warmup: int, 
         "publish_exponent_scan_normalised": 1 + pub_rel[0] if pub_rel else None,
         "activate_exponent_scatter_normalised": 1 + act_rel[0] if act_rel else None,
         "exponent_note": "raw exponents fit min-of-repeats seconds over the sizes; the normalised ones fit the "
-                         "ratio to the same run's plain scan (publish) or plain index_copy_ (activate), plus 1",
+                         "ratio to the same run's plain scan (publish) or plain scatter_ (activate), plus 1",
         "extrapolated_qwen3_8b": extrapolated,
     }
 
