@@ -68,7 +68,7 @@ class LeanAdamW(torch.optim.Optimizer):
         param.grad = None
 
     @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
+    def step(self, closure=None):
         """Step every parameter that still holds a gradient (when not stepping inside backward)."""
         loss = closure() if closure is not None else None
         for group in self.param_groups:
@@ -89,7 +89,7 @@ class LeanAdamW(torch.optim.Optimizer):
 
     # --- state -------------------------------------------------------------------------------------
 
-    def load_state_dict(self, state_dict) -> None:  # type: ignore[override]
+    def load_state_dict(self, state_dict) -> None:
         # torch casts floating state to the parameter's dtype (fp32): the moments go back to bf16.
         super().load_state_dict(state_dict)
         for state in self.state.values():
