@@ -8,7 +8,7 @@ VLLM_STAMP := $(VENV)/.aurora-vllm-installed
 # torch comes from the local CPU wheel on our machines (pip finds it); any matching release works elsewhere.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv vllm system-deps demo test test-fast test-vllm lint bench chaos clean device-check
+.PHONY: venv vllm system-deps demo demo-0.6b test test-fast test-vllm lint bench chaos clean device-check
 
 venv: $(STAMP)
 
@@ -28,6 +28,10 @@ $(VLLM_STAMP): $(STAMP) scripts/install-vllm-cpu.sh
 
 demo: $(STAMP)
 	$(PY) -m workers.demo
+
+# The realistic regime: Qwen3-0.6B's configuration at lr 1e-6 (sparse deltas), one trainer, relay and actor, 3 steps.
+demo-0.6b: $(STAMP)
+	$(PY) -m workers.demo --size qwen3-0.6b --steps 3
 
 # Debian's redis-server, for the TLS tests (the PyPI Valkey build has no TLS); installed when root.
 system-deps:

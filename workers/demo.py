@@ -3,12 +3,21 @@
 A local Redis (a real server, started here), two regions whose buckets are local directories, one
 trainer in the home region, one relay for the remote region and three actors (one at home, two remote).
 It shows live progress and prints, as its last line, one JSON object describing the run.
+
+``--size qwen3-0.6b`` (``make demo-0.6b``) is the realistic regime instead of the toy: the Qwen3-0.6B
+configuration (random init, 0.6 B parameters, 151,936-token vocabulary, tied embeddings), the bundled
+GSM8K-style set, lr 1e-6 with the lean optimizer (``--optimizer adamw-bf16``), one trainer, one relay and one
+actor behind it, a few steps on the CPU. A random-init model never earns a reward, so every group's advantage
+is zero and the clipped surrogate has no gradient; the k3 KL term to the frozen bf16 initial policy
+(``--kl-coef``) is what moves the weights — Adam normalises its step, so the deltas have the density a real
+lr-1e-6 step has.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import shutil
 import sys
 import time
@@ -28,7 +37,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--keep", action="store_true", help="keep an existing run directory (default: start fresh)")
+    p.add_argument("--size", choices=["toy", *REAL_SIZES], default="toy",
+                   help="toy: the few-hundred-KB model at lr 2e-4 (dense deltas); qwen3-0.6b: the real "
+                        "configuration at lr 1e-6, one relay and one actor (sparse deltas; minutes, ~7 GB)")
     return p.parse_args(argv)
+
+
+#: Real configurations for ``--size``: the model's shape, and the run's settings that keep it to minutes on a CPU.
+QWEN3_06B = {"hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+             "head_dim": 128, "intermediate_size": 3072, "vocab_size": 151936, "tie_word_embeddings": True,
+             "max_position_embeddings": 256}
+REAL_SIZES = {"qwen3-0.6b": QWEN3_06B}
+DATASET = Path(__file__).resolve().parent / "rl" / "data" / "gsm8k_mini.jsonl"
+
+
+def real_spec(run_dir: Path, size: str, steps: int, engine: str) -> ClusterSpec:
+    """One trainer, one relay, one actor on a real configuration at lr 1e-6 (see the module docstring)."""
+    trainer_args = ["--model-config", json.dumps(REAL_SIZES[size]), "--dataset", str(DATASET), "--lr", "1e-6",
+                    "--optimizer", "adamw-bf16", "--epochs", "1", "--kl-coef", "0.05", "--warm-start-steps", "0",
+                    "--initial-lease-s", "600", "--step-timeout-s", "1200"]
+    return ClusterSpec(run_dir=run_dir, steps=steps, batch_size=2, group_size=2, home=HOME, actors={REMOTE: 1},
+                       engine=engine, snapshot_every=10_000, run="demo-real", metrics=False,
+                       trainer_args=trainer_args, actor_args=["--max-new-tokens", "8", "--batch-size", "2"])
+
+
+def _peak_rss(pid: int) -> int:
+    """A live process's peak resident memory (VmHWM), in bytes; 0 once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 class Display:
@@ -54,12 +95,16 @@ class Display:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    run_dir = Path(args.run_dir or "runs/demo").absolute()
+    run_dir = Path(args.run_dir or ("runs/demo" if args.size == "toy" else f"runs/demo-{args.size}")).absolute()
     if run_dir.exists() and not args.keep:
         shutil.rmtree(run_dir)
-    spec = ClusterSpec(run_dir=run_dir, steps=args.steps, batch_size=args.batch_size, group_size=args.group_size,
-                       home=HOME, actors={HOME: 1, REMOTE: 2}, engine=args.engine, snapshot_every=10, run="demo",
-                       metrics=True)
+    if args.size == "toy":
+        spec = ClusterSpec(run_dir=run_dir, steps=args.steps, batch_size=args.batch_size,
+                           group_size=args.group_size, home=HOME, actors={HOME: 1, REMOTE: 2}, engine=args.engine,
+                           snapshot_every=10, run="demo", metrics=True)
+    else:
+        spec = real_spec(run_dir, args.size, args.steps, args.engine)
+    peaks: dict[str, int] = {}
     started = time.monotonic()
     print(f"aurora demo: run directory {run_dir}", flush=True)
     with LocalCluster(spec) as cluster:
@@ -78,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(1.0)
             display.update()
             for name, managed in cluster.group.processes.items():
+                peaks[name] = max(peaks.get(name, 0), _peak_rss(managed.process.pid))
+            for name, managed in cluster.group.processes.items():
                 if not managed.alive and name not in reported and managed.process.returncode != 0:
                     reported.add(name)
                     print(f"  ! {name} exited with {managed.process.returncode}:\n{managed.log_tail(15)}",
@@ -95,10 +142,12 @@ def main(argv: list[str] | None = None) -> int:
             return len(states) == len(cluster.actor_ids) and all(s.active_version == final for s, _ in states.values())
 
         try:
-            cluster.wait_for(all_final, 30, "actors on the final version")
+            cluster.wait_for(all_final, 30 if args.size == "toy" else 300, "actors on the final version")
         except TimeoutError:
             print("  ! not every actor reached the final version", file=sys.stderr)
         states = cluster.plane.actors()
+        for name, managed in cluster.group.processes.items():
+            peaks[name] = max(peaks.get(name, 0), _peak_rss(managed.process.pid))
         cluster.export_run_log()
     result = {
         "steps": summary["steps"], "reward_initial": summary["reward_initial"],
@@ -106,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
         "full_bytes": summary["full_bytes"], "trainer_version": final, "trainer_digest": summary["trainer_digest"],
         "actors": [{"id": a, "region": s.region, "version": s.active_version, "digest": s.active_digest}
                    for a, (s, _) in sorted(states.items())],
+        "densities": summary["densities"], "size": args.size,
+        "actors_on_trainer_digest": all(s.active_digest == summary["trainer_digest"] for s, _ in states.values()),
+        "peak_rss_bytes": peaks,
+        "largest_child_peak_rss_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
         "rollouts_accepted": summary["rollouts_accepted"], "rollouts_rejected": summary["rollouts_rejected"],
         "bucket": cluster.buckets[HOME], "regional_buckets": dict(cluster.buckets),
         "logs": str(run_dir / "logs"), "tensorboard": summary.get("logdir"),

@@ -25,7 +25,7 @@ from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.manifest import ChunkRef, DeltaManifest, SegmentRef
 from aurora_store.codec.params import CodecParams
 from aurora_store.codec.segment import ChunkHeader, Entropy, ValueTransform, unpack
-from aurora_store.codec.target import WeightTarget
+from aurora_store.codec.target import ScatterPlan, TensorTarget, WeightTarget
 from aurora_store.codec.values import decode_values
 from aurora_store.errors import (
     BaseVersionMismatchError,
@@ -49,6 +49,7 @@ class TensorUpdate:
     tensor: str
     indices: torch.Tensor  # int64 sorted flat indices
     bits: torch.Tensor  # int16 new bit patterns
+    plan: ScatterPlan | None = None  # the indices cut and placed for the target staged against (TensorTarget)
 
 
 class Transition(Protocol):
@@ -225,7 +226,10 @@ def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tupl
                                                manifest.codec.value_transform)
             start = stop
         delta = delta + hash_elements(name, indices, new) - hash_elements(name, indices, old)
-        updates.append(TensorUpdate(name, indices, new))
+        # Cutting the indices at the target's pieces (and moving them to its device) belongs to staging:
+        # activation is then one scatter_ per piece.
+        plan = target.plan_scatter(name, indices) if isinstance(target, TensorTarget) else None
+        updates.append(TensorUpdate(name, indices, new, plan))
     if str(target.digest + delta) != manifest.weights_digest:
         raise DigestMismatchError(f"applying version {manifest.version} would give weights digest "
                                   f"{target.digest + delta}, manifest says {manifest.weights_digest}")
@@ -252,7 +256,10 @@ def activate(staged: Staged, target: WeightTarget) -> None:
     """Scatter a staged delta (or snapshot) into ``target`` in place and advance its version and digest."""
     check_applicable(staged, target)
     for update in staged.updates:
-        target.scatter(update.tensor, update.indices, update.bits)
+        if update.plan is not None and isinstance(target, TensorTarget) and update.plan.owner is target.token:
+            target.scatter_planned(update.tensor, update.plan, update.bits)
+        else:
+            target.scatter(update.tensor, update.indices, update.bits)
     target.version = staged.version
     target.digest = WeightsDigest.parse(staged.weights_digest)
 

@@ -11,7 +11,7 @@ from safetensors.torch import load as load_safetensors
 from aurora_store.codec.decoder import StagedDelta, StagedSnapshot, TensorUpdate, activate, check_applicable, stage
 from aurora_store.codec.digest import WeightsDigest, hash_elements
 from aurora_store.codec.manifest import DeltaManifest, SegmentRef
-from aurora_store.codec.target import WeightTarget
+from aurora_store.codec.target import TensorTarget, WeightTarget
 from aurora_store.errors import BaseVersionMismatchError, DigestMismatchError, LayoutMismatchError
 from aurora_store.progress import Progress
 from aurora_store.store.snapshots import SnapshotManifest, read_snapshot_file, read_snapshot_manifest
@@ -86,7 +86,8 @@ def stage_snapshot(store: DeltaStore, version: int, target: WeightTarget, *,
             continue
         new_bits, old_bits = new[indices].contiguous(), old[indices].contiguous()
         delta = delta + hash_elements(tensor.name, indices, new_bits) - hash_elements(tensor.name, indices, old_bits)
-        updates.append(TensorUpdate(tensor.name, indices, new_bits))
+        plan = target.plan_scatter(tensor.name, indices) if isinstance(target, TensorTarget) else None
+        updates.append(TensorUpdate(tensor.name, indices, new_bits, plan))
     if str(target.digest + delta) != snapshot.weights_digest:
         raise DigestMismatchError(f"snapshot {version} would give weights digest {target.digest + delta}, "
                                   f"its manifest says {snapshot.weights_digest}")

@@ -10,7 +10,7 @@ from benchmarks import scale
 
 KEYS = {"params", "density", "bytes_per_changed", "delta_bytes", "full_bytes", "publish_s", "publish_vs_scan",
         "activate_s", "activate_vs_scatter", "snapshot_write_s", "snapshot_load_s", "publisher_peak_rss_vs_model",
-        "actor_peak_rss_vs_model"}
+        "actor_peak_rss_vs_model", "stage_s", "stage_vs_scatter", "fetch_stage_activate_s", "publish_median_s"}
 
 
 @pytest.mark.s3
@@ -24,6 +24,9 @@ def test_tiny_scale_run_prints_sane_figures():
     assert figures["delta_bytes"] < figures["full_bytes"] / 20
     assert figures["bytes_per_changed"] == pytest.approx(figures["delta_bytes"] / figures["changed"])
     assert figures["snapshot_bytes"] >= figures["full_bytes"]
+    # Staging and activation are timed apart; the combined figure is their sum (first activation).
+    assert figures["fetch_stage_activate_s"] == pytest.approx(figures["stage_s"] + figures["first_activate_s"])
+    assert len(figures["publish_all_s"]) == result["repeats"] == 3
     for key in ("publish_s", "activate_s", "snapshot_write_s", "snapshot_load_s", "publish_vs_scan",
                 "activate_vs_scatter", "publisher_peak_rss_vs_model", "actor_peak_rss_vs_model"):
         assert figures[key] > 0, key

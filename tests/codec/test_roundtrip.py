@@ -164,3 +164,22 @@ def test_blockwise_change_search_gives_the_same_delta(monkeypatch):
     blocked, blocked_segments = encode(layout, old, new, 1, 0, WeightsDigest())
     assert [s.data for s in blocked_segments] == [s.data for s in whole_segments]
     assert blocked.weights_digest == whole.weights_digest and blocked.changed == whole.changed
+
+
+def test_staging_plans_the_scatter_for_its_target_and_another_target_still_lands_exactly():
+    # Staging cuts each tensor's indices at the target's q/k/v and gate/up pieces (the plan), so activation
+    # is one scatter_ per piece; a twin target (same bits, another object) cannot use that plan and scatters.
+    from aurora_store.codec.decoder import activate, stage
+
+    layout = ModelLayout.from_config(TINY_QWEN3)
+    old = random_state(layout, seed=3)
+    new = perturb(old, fraction=0.05, seed=4)
+    staged_on, twin = target_for(layout, old, version=0), target_for(layout, old, version=0)
+    manifest, segments = encode(layout, old, new, 1, 0, staged_on.digest)
+    staged = stage(manifest, blobs(segments), staged_on)
+    assert all(u.plan is not None and u.plan.owner is staged_on.token for u in staged.updates)
+    assert any(len(u.plan.parts) > 1 for u in staged.updates)  # fused q/k/v or gate/up, cut at its pieces
+    for target in (staged_on, twin):
+        activate(staged, target)
+        assert target.version == 1 and target.full_digest() == target.digest
+        assert_same_bits(target, layout, new)

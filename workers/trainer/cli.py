@@ -45,6 +45,7 @@ class TrainerConfig:
     device: str = "auto"  # "auto" (CUDA when available), "cuda" or "cpu": where model, optimizer and step live
     throughput_ema: float = 0.5  # β: weight of the newest measured settlement in τ_a
     exclusion_decay: float = 0.5  # α: τ_a multiplier when an actor is excluded from a step
+    optimizer: str = "adamw"  # "adamw" (fp32 moments) or "adamw-bf16" (lean: bf16 moments, step in backward)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exclusion-decay", type=float, default=0.5, metavar="α",
                    help="τ_a ← α·τ_a when an actor is excluded from a step (α in (0, 1]); the decayed estimate "
                         "stays until measured settlements raise it")
+    p.add_argument("--optimizer", choices=["adamw", "adamw-bf16"], default="adamw",
+                   help="adamw: fp32 moments, global gradient clipping. adamw-bf16 (one rank): bf16 moments, each "
+                        "parameter stepped during backward and its gradient freed (no fp32 gradient set, no global "
+                        "clipping) — what fits a real-size model (e.g. Qwen3-0.6B) on a small machine")
     return p
 
 
@@ -128,4 +133,4 @@ def parse_args(argv: list[str] | None = None) -> TrainerConfig:
         signing_key=a.signing_key, metrics_port=a.metrics_port, logdir=a.logdir, wandb=a.wandb,
         step_timeout_s=a.step_timeout_s, split=a.split, compute_dtype=a.compute_dtype,
         verify_published_digest=a.verify_published_digest, throughput_ema=a.throughput_ema,
-        exclusion_decay=a.exclusion_decay, device=a.device)
+        exclusion_decay=a.exclusion_decay, device=a.device, optimizer=a.optimizer)

@@ -23,20 +23,37 @@ import torch
 from torch import nn
 
 from aurora_store.codec.sharding import even_rows
+from aurora_store.errors import ConfigError
 from workers.rl.grpo import GRPOConfig, Sample, StepStats, group_advantages, grpo_loss, token_logprobs
+from workers.trainer.optim import LeanAdamW
 from workers.trainer.ranks import Ranks
 
 
 class ShardedLearner:
-    """fp32 master weights (sharded or not) + AdamW; one optimizer step per epoch over a batch of rollouts."""
+    """fp32 master weights (sharded or not) + AdamW; one optimizer step per epoch over a batch of rollouts.
 
-    def __init__(self, model: nn.Module, config: GRPOConfig, ranks: Ranks, reference: nn.Module | None = None) -> None:
+    ``optimizer="adamw-bf16"`` (one rank only) uses :class:`~workers.trainer.optim.LeanAdamW`: bf16 moments,
+    each parameter stepped during backward and its gradient freed, no global gradient clipping."""
+
+    def __init__(self, model: nn.Module, config: GRPOConfig, ranks: Ranks, reference: nn.Module | None = None,
+                 optimizer: str = "adamw") -> None:
         self.model = model
         self.config = config
         self.ranks = ranks
         self.reference = reference if config.kl_coef > 0 else None
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
-                                           betas=(0.9, 0.99))
+        self.lean: LeanAdamW | None = None
+        if optimizer == "adamw-bf16":
+            if ranks.sharded:
+                raise ConfigError("--optimizer adamw-bf16 steps parameters during backward: one rank only")
+            self.lean = LeanAdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
+                                  betas=(0.9, 0.99))
+            self.lean.step_in_backward()
+            self.optimizer: torch.optim.Optimizer = self.lean
+        elif optimizer == "adamw":
+            self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
+                                               betas=(0.9, 0.99))
+        else:
+            raise ConfigError(f"unknown optimizer {optimizer!r}")
 
     def _slice(self, samples: Sequence[Sample]) -> tuple[slice, float]:
         """This rank's samples and whether they count: a rank left without samples (batch smaller than the
@@ -73,11 +90,14 @@ class ShardedLearner:
             scale = weight * (local_tokens / total_tokens) * self.ranks.world
             loss = local_loss if scale == 1.0 else local_loss * scale
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
-            self.optimizer.step()
+            loss.backward()  # the lean optimizer has stepped (and freed) every gradient by now
+            if self.lean is None:
+                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+                self.optimizer.step()
+            else:
+                lean_norm = self.lean.take_grad_norm()  # this epoch's, measured before each update
         self.model.eval()
-        grad_norm = _full(norm)
+        grad_norm = lean_norm if self.lean is not None else _full(norm)
         tokens = int(mask.sum()) if weight else 0
         local = {"loss": float(local_loss.detach()) * tokens, "tokens": tokens,
                  **{k: v * tokens for k, v in extra.items()}}

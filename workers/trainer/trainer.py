@@ -160,7 +160,7 @@ class Trainer:
         reference = self._reference() if self.grpo.kl_coef > 0 else None
         self.policy = ShardedPolicy.shard(self.model, self.layout, self.ranks, compute_dtype=self.config.compute_dtype,
                                           device=self.device)
-        self.learner = ShardedLearner(self.model, self.grpo, self.ranks, reference)
+        self.learner = ShardedLearner(self.model, self.grpo, self.ranks, reference, optimizer=self.config.optimizer)
 
     def _reference(self) -> torch.nn.Module:
         """The KL term's frozen reference: the initial policy, in bf16 (sharded like the policy). On a fresh
