@@ -172,7 +172,7 @@ def test_segments_held_for_a_later_version_are_decoded_once_it_is_next(run):
     with ahead.writing():
         activate(staged, target)
     prefetcher.retire(1)
-    assert prefetcher.replay(2) == len(second.segments)
+    assert ahead.resume() == len(second.segments)
     wait_until(lambda: ahead.decoded() == len(second.segments))
     run.publish(2, second)
     staged = stage_version(run.store, 2, target, fetch=staging_fetcher(run.store.get_segment, 2, prefetcher),

@@ -487,13 +487,14 @@ class Actor:
                 started = time.perf_counter()
                 with self.ahead.writing() if self.ahead is not None else contextlib.nullcontext():
                     activate(staged, self.target)  # not while segments are decoded against the old weights
+                if self.ahead is not None:  # before the stager can start on the next version
+                    self.ahead.resume()
                 self.engine.weights_changed()
                 self.staged = None
                 self.activations += 1
                 self.lock.notify_all()
             if self.prefetcher is not None:
                 self.prefetcher.retire(self.target.version)
-                self.prefetcher.replay(self.target.version + 1)  # held before they could be decoded ahead
             self.beat_now.set()
             seconds = time.perf_counter() - started
             self.metrics.activate_seconds.observe(seconds)

@@ -102,20 +102,18 @@ class Prefetcher:
         with self._lock:
             self._reserved -= nbytes
 
-    def replay(self, version: int) -> int:
-        """Hand the held segments of ``version`` to :attr:`on_arrival` again, in the background (they arrived
-        while the actor could not decode them ahead yet). Returns how many."""
-        hook = self.on_arrival
-        if hook is None:
-            return 0
+    def held_of(self, version: int) -> list[tuple[SegmentRef, bytes]]:
+        """The segments held for ``version`` (they stay held)."""
         with self._lock:
-            held = [(d, data) for d, (v, data) in self._held.items() if v == version]
+            return [(SegmentRef(d, len(data), ()), data) for d, (v, data) in self._held.items() if v == version]
+
+    def submit(self, fn: Callable[..., object], *args: object) -> bool:
+        """Run ``fn(*args)`` on the prefetch threads; ``False`` once closed."""
         try:
-            for digest, data in held:
-                self._pool.submit(self._arrived, hook, version, SegmentRef(digest, len(data), ()), data)
+            self._pool.submit(fn, *args)
         except RuntimeError:  # closed: the actor is leaving
-            return 0
-        return len(held)
+            return False
+        return True
 
     def _drop_counted(self, nbytes: int) -> None:
         self.dropped_bytes += nbytes
