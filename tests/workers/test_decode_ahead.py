@@ -6,6 +6,7 @@ decoded against the old weights and frees its share of the byte budget."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
 import pytest
@@ -195,3 +196,31 @@ def test_decoded_data_counts_against_the_budget(run):
                            decode=ahead.stage)
     assert staged.weights_digest == manifest.weights_digest and ahead.last_decoded_ahead == 0
     assert metrics.decoded_ahead._value.get() == 0
+
+
+def test_a_staging_does_not_wait_for_decodes_that_have_not_started(run):
+    _, prefetcher, ahead, target = actor_side(run)
+    first, second = run.upload(1), run.upload(2)
+    offer_all(prefetcher, run, 2, second)
+    wait_until(lambda: prefetcher.held_bytes() == sum(ref.size for ref in second.segments))
+    run.publish(1, first)
+    staged = stage_version(run.store, 1, target, fetch=staging_fetcher(run.store.get_segment, 2, prefetcher),
+                           decode=ahead.stage)
+    with ahead.writing():
+        activate(staged, target)
+    prefetcher.retire(1)
+    busy = threading.Event()
+    for _ in range(2):  # both prefetch threads busy (say, with slow reads): the decodes stay queued
+        assert prefetcher.submit(busy.wait, 30)
+    assert ahead.resume() == len(second.segments)
+    run.publish(2, second)
+    try:
+        staged = stage_version(run.store, 2, target, fetch=staging_fetcher(run.store.get_segment, 2, prefetcher),
+                               decode=ahead.stage)
+    finally:
+        busy.set()
+    assert ahead.last_decoded_ahead == 0, "decoded by the staging itself, not waited for"
+    with ahead.writing():
+        activate(staged, target)
+    assert target.full_digest() == digest_state(LAYOUT, run.states[2]) == target.digest
+    assert ahead.decoded() == 0 and prefetcher.reserve(prefetcher.budget_bytes), "budget not given back"
