@@ -63,6 +63,8 @@ class Metrics:
                                         "was read", registry=r)
         self.prefetch_dropped_bytes = Counter("aurora_prefetch_dropped_bytes", "Prefetched bytes dropped unused "
                                               "(not named by the manifest, or superseded)", registry=r)
+        self.decoded_ahead = Counter("aurora_decoded_ahead_segments", "Segments decoded and hashed before their "
+                                     "manifest was read, that staging then only checked", registry=r)
         self.staged_after_manifest_seconds = Histogram("aurora_staged_after_manifest_seconds", "From the actor "
                                                        "learning of a version's manifest until it is staged",
                                                        buckets=_SECONDS, registry=r)

@@ -59,6 +59,9 @@ class AheadStager:
     def __contains__(self, digest: str) -> bool:
         return digest in self._decoded
 
+    def __len__(self) -> int:
+        return len(self._decoded)
+
     def add(self, ref: SegmentRef, data: bytes, codec: CodecParams | None = None) -> None:
         """Verify and decode one segment. ``ref`` may lack its chunk list (a ``segment`` event names only the
         digest and size): it is read from the verified bytes then, and checked against the manifest later."""
@@ -92,6 +95,9 @@ class AheadStager:
             held = self._decoded.get(ref.digest)
             if held is not None and held.ref.chunks != ref.chunks:
                 raise ManifestError(f"segment {ref.digest[:12]}… holds chunks that differ from its manifest entry")
+            if held is not None and held.ref.size != ref.size:
+                raise ManifestError(f"segment {ref.digest[:12]}… has {held.ref.size} bytes, its manifest entry "
+                                    f"says {ref.size}")
             if held is not None and manifest.codec != self.codec:  # decoded under other parameters: redo
                 self.add(ref, held.data, manifest.codec)
             elif held is None:

@@ -23,29 +23,34 @@ SnapshotCheck = Callable[[SnapshotManifest], None]
 #: Fetches a checked manifest's segments (each verified against its SHA-256), yielding them in any order:
 #: ``(version, refs) -> (ref, bytes)…``. The default downloads them all from the store.
 SegmentFetcher = Callable[[int, Sequence[SegmentRef]], Iterator[tuple[SegmentRef, bytes]]]
+#: Verifies and decodes a checked manifest's segments against the target (default: :func:`stage`).
+Decode = Callable[[DeltaManifest, Iterable[tuple[SegmentRef, bytes]]], StagedDelta]
 
 
 def stage_version(store: DeltaStore, version: int, target: WeightTarget, *, streams: int | None = None,
                   verify_manifest: ManifestCheck | None = None, progress: bool = False,
                   on_fetched: Callable[[int], None] | None = None,
-                  fetch: SegmentFetcher | None = None) -> StagedDelta:
+                  fetch: SegmentFetcher | None = None, decode: Decode | None = None) -> StagedDelta:
     """Fetch ``version`` over parallel streams and stage it against ``target`` (no writes).
 
     The manifest is checked (signature via ``verify_manifest``, base, layout, base digest) before any
     segment is downloaded. ``fetch`` replaces the download (an actor's prefetched segments and its relay's
-    cache); ``on_fetched`` and the progress bar then see nothing.
+    cache); ``on_fetched`` and the progress bar then see nothing. ``decode`` replaces :func:`stage` (an actor's
+    decode-ahead); it must make every check ``stage`` makes.
     """
     manifest = store.manifest(version)
     if verify_manifest is not None:
         verify_manifest(manifest)
     check_applicable(manifest, target)
     bar = Progress(manifest.segment_bytes, f"v{version}", interactive=None if progress else False)
+    if decode is None:
+        decode = lambda checked, segments: stage(checked, segments, target)  # noqa: E731
     if fetch is not None:
-        return stage(manifest, fetch(version, manifest.segments), target)
+        return decode(manifest, fetch(version, manifest.segments))
     with bar:
         segments = fetch_segments(store, manifest.segments, streams=streams, progress=bar,
                                   on_fetched=(lambda _ref, n: on_fetched(n)) if on_fetched else None)
-        return stage(manifest, segments, target)
+        return decode(manifest, segments)
 
 
 def stage_snapshot(store: DeltaStore, version: int, target: WeightTarget, *,

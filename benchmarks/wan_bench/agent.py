@@ -21,8 +21,9 @@ Commands (``op`` plus arguments):
   actor of the watched region until the version is staged. With ``prefetch`` (watch with ``home``): each segment
   announced on the home stream is read as soon as the region has it — from the relay's hot cache when the relay
   serves one (its state names a ``cache_url``), else from the regional bucket once the relay has written it —
-  and decoded ahead (:class:`~aurora_store.codec.ahead.AheadStager`), so the ``staged`` event only fetches what
-  is missing and checks. Without: wait for ``staged``, then fetch and stage everything.
+  and decoded ahead (the actor's :class:`~workers.actor.prefetch.Prefetcher` and
+  :class:`~workers.actor.ahead.DecodeAhead`), so the ``staged`` event only fetches what is missing and checks.
+  Without: wait for ``staged``, then fetch and stage everything.
   Answers wall-clock times and where each segment was read from.
 * ``publish`` — ``url``, ``redis``, ``run``, ``region``, ``version``, ``base_version``, ``cut_through``,
   ``streams``, ``segment_bytes``: publish the loaded base → new delta like the trainer does.
@@ -147,12 +148,14 @@ class Agent:
 
     def follow(self, version: int, url: str, streams: int, prefetch: bool, cache_token: str | None = None,
                segment_bytes: int | None = None, timeout: float = 600.0) -> dict[str, Any]:
-        from concurrent.futures import Future, as_completed
+        from concurrent.futures import as_completed
 
         from aurora_store.codec import CodecParams, stage
-        from aurora_store.codec.ahead import AheadStager
         from aurora_store.codec.manifest import SegmentRef
+        from aurora_store.metrics import Metrics
         from aurora_store.store.pool import shared_pool
+        from workers.actor.ahead import DecodeAhead
+        from workers.actor.prefetch import Prefetcher, staging_fetcher
 
         store = open_store(url, streams)  # made before the clock starts, like an actor's long-lived store
         lanes = shared_pool().lanes(streams)
@@ -162,16 +165,13 @@ class Agent:
             relay = self.plane.relay(self.region)
             cache_url = getattr(relay, "cache_url", None) if relay is not None else None
         reader = _SegmentReader(store, cache_url, cache_token, deadline)
-        # decode-ahead: each prefetched segment is decoded and hashed against the base as it arrives (the run's
-        # codec parameters; the manifest re-checks everything), so the manifest leaves only the checks
-        ahead = AheadStager(self.target, CodecParams(segment_bytes=segment_bytes or CodecParams().segment_bytes))
-
-        def prefetch_one(ref) -> bytes:
-            data = reader.read(ref, True)
-            ahead.add(ref, data)
-            return data
-
-        held: dict[str, Future] = {}
+        # the actor's own prefetch and decode-ahead: each prefetched segment is decoded and hashed against the
+        # base as it arrives (the run's codec parameters; the manifest re-checks everything), so the manifest
+        # leaves only the checks. The budget is not what is measured here: everything the version moves fits.
+        prefetcher = Prefetcher(streams, 1 << 40, Metrics("actor", "wan-bench", self.region or ""))
+        ahead = DecodeAhead(self.target, prefetcher, prefetcher.metrics,
+                            CodecParams(segment_bytes=segment_bytes or CodecParams().segment_bytes))
+        held: set[str] = set()
         event_at = None
         cursors = {self.region: self.cursor}
         if prefetch and self.home:
@@ -186,26 +186,27 @@ class Agent:
                 elif (region == self.home and region != self.region and event.kind == "segment"
                       and event.version == version and event.segment and event.size is not None
                       and event.segment not in held):
-                    held[event.segment] = lanes.submit(prefetch_one, SegmentRef(event.segment, event.size, ()))
+                    held.add(event.segment)
+                    prefetcher.offer(version, SegmentRef(event.segment, event.size, ()),
+                                     lambda ref: reader.read(ref, True))
         self.cursor = cursors[self.region]
         if self.home in cursors:
             self.home_cursor = cursors[self.home]
         started = time.perf_counter()
         manifest = store.manifest(version)
         if held:
-            rest = {ref.digest: lanes.submit(reader.read, ref, False) for ref in manifest.segments
-                    if ref.digest not in held}
-            for future in held.values():
-                future.result()
-            staged = ahead.finish(manifest, {digest: f.result() for digest, f in rest.items()})
+            fetch = staging_fetcher(lambda ref: reader.read(ref, False), streams, prefetcher)
+            staged = ahead.stage(manifest, fetch(version, manifest.segments))
         else:
             futures = {lanes.submit(reader.read, ref, False): ref for ref in manifest.segments}
             staged = stage(manifest, ((futures[f], f.result()) for f in as_completed(futures)), self.target)
         stage_s = time.perf_counter() - started
+        prefetcher.close()
         store.close()
         return {"t_event": event_at, "t_staged": time.time(), "stage_s": stage_s,
                 "bytes": staged.manifest.segment_bytes + len(staged.manifest.to_bytes()),
                 "announced": len(held), "segments": len(manifest.segments), "cache_url": cache_url,
+                "decoded_ahead": ahead.last_decoded_ahead,
                 "reads": dict(reader.reads), "prefetch_arrivals": sorted(reader.arrivals)}
 
     def await_stage(self, version: int, url: str, streams: int, timeout: float = 600.0) -> dict[str, Any]:

@@ -41,7 +41,13 @@ def test_remote_actors_read_their_relays_cache_and_end_on_the_trainers_digest(tm
     assert all(n > 0 for n in used.values()), f"a remote actor never staged prefetched segments: {used}"
     # The relay announced segments on the region's stream before it forwarded the manifest.
     # (Actors never activate anything that does not hash to the manifest's digest: --verify-full-digest.)
+    # Decode-ahead: segments of the version after the active one were decoded before its manifest, for every
+    # version after the first (the codec comes from a verified manifest).
+    decoded_ahead = {a: sum(int(e.get("decoded_ahead", 0)) for e in stages[a]) for a in remote}
+    assert all(n > 0 for n in decoded_ahead.values()), f"a remote actor never decoded ahead: {decoded_ahead}"
     after_manifest = [float(e["after_manifest_s"]) for a in remote for e in stages[a]]
+    ahead_only = [float(e["after_manifest_s"]) for a in remote for e in stages[a]
+                  if int(e.get("segments", 0)) and int(e["decoded_ahead"]) == int(e["segments"])]
     print(json.dumps({
         "relay_cache_hits": relay.cache_hits, "relay_cache_misses": relay.cache_misses,
         "relay_bytes_copied": relay.bytes_copied, "actor_cache_bytes": cache_bytes,
@@ -49,5 +55,12 @@ def test_remote_actors_read_their_relays_cache_and_end_on_the_trainers_digest(tm
         "actor_prefetched_bytes": {a: int(last[a]["prefetched_bytes"]) for a in remote},
         "actor_prefetch_used_bytes": used,
         "actor_prefetch_dropped_bytes": {a: int(last[a]["prefetch_dropped_bytes"]) for a in remote},
+        "actor_decoded_ahead": decoded_ahead,
+        "actor_segments_staged": {a: sum(int(e.get("segments", 0)) for e in stages[a]) for a in remote},
         "stages": len(after_manifest), "after_manifest_s_median": round(statistics.median(after_manifest), 4),
-        "after_manifest_s_max": round(max(after_manifest), 4)}))
+        "after_manifest_s_max": round(max(after_manifest), 4),
+        "stages_all_decoded_ahead": len(ahead_only),
+        "all_decoded_ahead_after_manifest_s_median": round(statistics.median(ahead_only), 4) if ahead_only else None,
+        "all_decoded_ahead_after_manifest_s_max": round(max(ahead_only), 4) if ahead_only else None,
+        "rows": [(e["version"], e.get("segments"), e.get("decoded_ahead"), e["after_manifest_s"])
+                 for e in stages[remote[0]]]}))

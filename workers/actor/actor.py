@@ -28,7 +28,7 @@ from pathlib import Path
 
 from aurora_store import logs
 from aurora_store.bus import ActorState, ControlPlane, Lease, RolloutResult
-from aurora_store.codec import Staged, activate
+from aurora_store.codec import CodecParams, Staged, StagedDelta, activate
 from aurora_store.codec.digest import WeightsDigest
 from aurora_store.codec.manifest import SegmentRef
 from aurora_store.config import TransferSettings
@@ -45,6 +45,7 @@ from aurora_store.store.catchup import CatchUpPlan
 from aurora_store.store.replay import stage_snapshot, stage_version
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
 from aurora_store.trust import Verifier
+from workers.actor.ahead import DecodeAhead
 from workers.actor.cli import ActorConfig, parse_args
 from workers.actor.engine import Engine, load_engine
 from workers.actor.prefetch import Prefetcher, staging_fetcher
@@ -97,6 +98,8 @@ class Actor:
         # the store-and-forward baseline), from the relay's cache when it has them.
         self.prefetcher = (Prefetcher(settings.streams, config.prefetch_bytes, self.metrics)
                            if config.prefetch else None)
+        self.ahead: DecodeAhead | None = None  # decode-ahead of the next version's prefetched segments (bootstrap)
+        self._decoded_ahead = 0  # segments the last staging found decoded already
         self._relay_cache: RelayCache | None = None
         self.read_bytes = {"relay_cache": 0, "bucket": 0}  # where segment bytes came from (stager and prefetch)
         self._bytes_lock = threading.Lock()  # segments are read on several threads at once
@@ -189,11 +192,16 @@ class Actor:
         target.digest = WeightsDigest.parse(manifest.weights_digest)
         if target.full_digest() != target.digest:
             raise DigestMismatchError("engine weights differ from the snapshot it loaded")
+        codec = None
         for version in plan.deltas:
             staged = stage_version(store, version, target, streams=self.settings.streams,
                                    on_fetched=self._count_bytes, verify_manifest=self.verify)
             activate(staged, target)
             self.downloaded_bytes += len(staged.manifest.to_bytes())
+            codec = staged.manifest.codec
+        if self.prefetcher is not None:  # decode-ahead needs the run's codec, from a verified manifest
+            self.ahead = DecodeAhead(target, self.prefetcher, self.metrics,
+                                     codec or self._codec_of(store, plan.snapshot))
         self.engine.weights_changed()
         self.known_latest = max(latest, target.version)
         self.plane.log_event("actor_bootstrap", actor=self.actor_id, region=self.config.region,
@@ -202,6 +210,19 @@ class Actor:
         logs.set_version(target.version)
         log.info("bootstrapped", extra={"snapshot": plan.snapshot, "deltas": list(plan.deltas),
                                         "planned_bytes": plan.bytes, "downloaded_bytes": self.downloaded_bytes})
+
+    def _codec_of(self, store: DeltaStore, version: int) -> CodecParams | None:
+        """The codec of ``version``'s verified delta manifest, if the bucket still has one."""
+        if version < 1:
+            return None
+        try:
+            manifest = store.manifest(version)
+            if self.verify is not None:
+                self.verify(manifest)
+        except AuroraError as exc:
+            log.info("no codec for decode-ahead yet", extra={"error": str(exc)})
+            return None
+        return manifest.codec
 
     def _count_bytes(self, nbytes: int) -> None:
         self.downloaded_bytes += nbytes
@@ -326,14 +347,18 @@ class Actor:
         return self.sources.read(version, lambda store: self._stage_from(store, version, snapshot=snapshot))
 
     def _stage_from(self, store: DeltaStore, version: int, *, snapshot: bool = False) -> Staged:
+        self._decoded_ahead = 0
         if self.config.full_sync or snapshot:  # full_sync: the full-broadcast baseline, every version's snapshot
             staged = stage_snapshot(store, version, self.target, streams=self.settings.streams,
                                     verify_manifest=self.verify)
             self._count_bytes(staged.snapshot_bytes)
             return staged
         fetch = staging_fetcher(lambda ref: self._read_segment(store, ref), self.settings.streams, self.prefetcher)
-        return stage_version(store, version, self.target, streams=self.settings.streams,
-                             verify_manifest=self.verify, fetch=fetch)
+        ahead = self.ahead
+        delta = stage_version(store, version, self.target, streams=self.settings.streams, verify_manifest=self.verify,
+                              fetch=fetch, decode=ahead.stage if ahead is not None else None)
+        self._decoded_ahead = ahead.last_decoded_ahead if ahead is not None else 0
+        return delta
 
     def _size(self, store: DeltaStore, kind: str, version: int) -> int:
         """Download bytes of a delta or snapshot (manifests are immutable: read once)."""
@@ -413,7 +438,7 @@ class Actor:
             try:
                 staged = self._stage(version, snapshot=True) if snapshot else self._stage(version)
                 self.metrics.fetch_seconds.observe(time.perf_counter() - started)
-                self._staged_now(version, started)
+                self._staged_now(version, started, staged)
                 missing = False
             except VersionNotFoundError:
                 # Announced but not in this bucket yet (relay still copying), or gone (gc): the next pass
@@ -436,9 +461,9 @@ class Actor:
                     self.lock.notify_all()
             self.beat_now.set()
 
-    def _staged_now(self, version: int, started: float) -> None:
+    def _staged_now(self, version: int, started: float, staged: Staged) -> None:
         """Time from learning of the manifest to staged (the part cut-through shortens), with where the
-        bytes came from so far."""
+        bytes came from so far and how many of its segments were decoded before the manifest."""
         now = time.monotonic()
         seen = self._manifest_seen.pop(version, None)
         seconds = now - seen if seen is not None else time.perf_counter() - started
@@ -450,7 +475,9 @@ class Actor:
                              after_manifest_s=round(seconds, 4), cache_bytes=self.read_bytes["relay_cache"],
                              bucket_bytes=self.read_bytes["bucket"], prefetched_bytes=p.prefetched_bytes if p else 0,
                              prefetch_used_bytes=p.used_bytes if p else 0,
-                             prefetch_dropped_bytes=p.dropped_bytes if p else 0)
+                             prefetch_dropped_bytes=p.dropped_bytes if p else 0,
+                             segments=len(staged.manifest.segments) if isinstance(staged, StagedDelta) else 0,
+                             decoded_ahead=self._decoded_ahead)
 
     # --- the main loop ---------------------------------------------------------------------------
 
@@ -466,7 +493,10 @@ class Actor:
                     self.staged = None
                     continue
                 started = time.perf_counter()
-                activate(staged, self.target)
+                with self.ahead.writing() if self.ahead is not None else contextlib.nullcontext():
+                    activate(staged, self.target)  # not while segments are decoded against the old weights
+                if self.ahead is not None:  # before the stager can start on the next version
+                    self.ahead.resume()
                 self.engine.weights_changed()
                 self.staged = None
                 self.activations += 1

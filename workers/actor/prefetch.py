@@ -24,6 +24,8 @@ log = logging.getLogger("aurora.actor.prefetch")
 
 #: Reads one segment, verified (relay cache, then bucket); raises on failure.
 Read = Callable[[SegmentRef], bytes]
+#: Called with each verified prefetched segment before it is held (decode-ahead: :mod:`workers.actor.ahead`).
+Arrived = Callable[[int, SegmentRef, bytes], None]
 
 
 class Prefetcher:
@@ -40,6 +42,7 @@ class Prefetcher:
         self.used_bytes = 0
         self.dropped_bytes = 0
         self.over_budget = 0  # announcements not prefetched for the budget
+        self.on_arrival: Arrived | None = None  # runs on the fetching thread, before waiters see the segment
 
     def offer(self, version: int, ref: SegmentRef, read: Read) -> bool:
         """A segment of ``version`` was announced: fetch it in the background unless it is known, of a version
@@ -64,6 +67,9 @@ class Prefetcher:
             log.debug("prefetch of %s… failed", ref.digest[:12], extra={"error": str(exc)})
         except Exception as exc:  # never lose the waiter below
             log.warning("prefetch of %s… failed", ref.digest[:12], extra={"error": repr(exc)})
+        hook = self.on_arrival
+        if data is not None and hook is not None and version > self._floor:
+            self._arrived(hook, version, ref, data)  # while still in flight: staging waits for it, not twice
         with self._lock:
             self._inflight.pop(ref.digest, None)
             if data is not None:
@@ -76,6 +82,38 @@ class Prefetcher:
                 if data is not None:
                     self._drop_counted(len(data))
         future.set_result(data is not None)
+
+    @staticmethod
+    def _arrived(hook: Arrived, version: int, ref: SegmentRef, data: bytes) -> None:
+        try:
+            hook(version, ref, data)
+        except Exception as exc:  # only an optimisation: staging decodes the segment itself
+            log.warning("decode-ahead of %s… failed", ref.digest[:12], extra={"error": repr(exc)})
+
+    def reserve(self, nbytes: int) -> bool:
+        """Take ``nbytes`` more of the budget (decoded data kept beside the bytes); ``False`` if over it."""
+        with self._lock:
+            if self._reserved + nbytes > self.budget_bytes:
+                return False
+            self._reserved += nbytes
+            return True
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            self._reserved -= nbytes
+
+    def held_of(self, version: int) -> list[tuple[SegmentRef, bytes]]:
+        """The segments held for ``version`` (they stay held)."""
+        with self._lock:
+            return [(SegmentRef(d, len(data), ()), data) for d, (v, data) in self._held.items() if v == version]
+
+    def submit(self, fn: Callable[..., object], *args: object) -> bool:
+        """Run ``fn(*args)`` on the prefetch threads; ``False`` once closed."""
+        try:
+            self._pool.submit(fn, *args)
+        except RuntimeError:  # closed: the actor is leaving
+            return False
+        return True
 
     def _drop_counted(self, nbytes: int) -> None:
         self.dropped_bytes += nbytes
