@@ -172,3 +172,27 @@ def test_a_wrong_token_or_a_dead_cache_falls_through_to_the_bucket(unpublished, 
         data, source = read_segment(ref, store, client)
         assert source == "bucket" and hashlib.sha256(data).hexdigest() == ref.digest
         assert client.metrics.relay_cache_reads.labels("error")._value.get() == 1
+
+
+def test_a_closed_prefetcher_ignores_offers_and_releases_its_waiters():
+    """An actor leaving on SIGTERM closes its prefetcher while its event loop may still offer segments: offers
+    are then ignored (no crash of the loop), and fetches that never started are released to staging, which
+    reads them itself, instead of leaving it waiting for ever."""
+    import threading
+
+    release = threading.Event()
+
+    def slow_read(ref: SegmentRef) -> bytes:
+        release.wait(10)
+        return b"x" * ref.size
+
+    refs = [SegmentRef(hashlib.sha256(bytes([i])).hexdigest(), 4, ()) for i in range(3)]
+    prefetcher = Prefetcher(streams=1, budget_bytes=1 << 20, metrics=Metrics("actor", "t"))
+    assert all(prefetcher.offer(1, ref, slow_read) for ref in refs)  # one runs, two queue behind it
+    _, pending = prefetcher.claim(1, refs)
+    prefetcher.close()
+    assert not prefetcher.offer(2, SegmentRef("ab" * 32, 4, ()), slow_read)
+    queued = [pending[ref.digest] for ref in refs[1:]]
+    assert all(f.done() and f.result() is False for f in queued)  # released at once: staging reads them
+    release.set()
+    assert pending[refs[0].digest].result(timeout=10) is True  # the running fetch still completes

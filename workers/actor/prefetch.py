@@ -43,12 +43,14 @@ class Prefetcher:
         self.dropped_bytes = 0
         self.over_budget = 0  # announcements not prefetched for the budget
         self.on_arrival: Arrived | None = None  # runs on the fetching thread, before waiters see the segment
+        self._closed = False
+        self._tasks: dict[str, Future] = {}  # digest → the pool's future of its fetch (to tell cancelled ones)
 
     def offer(self, version: int, ref: SegmentRef, read: Read) -> bool:
         """A segment of ``version`` was announced: fetch it in the background unless it is known, of a version
         not newer than the active one, or over the budget. Returns whether a fetch started."""
         with self._lock:
-            if version <= self._floor or ref.digest in self._held or ref.digest in self._inflight:
+            if self._closed or version <= self._floor or ref.digest in self._held or ref.digest in self._inflight:
                 return False
             if self._reserved + ref.size > self.budget_bytes:
                 self.over_budget += 1
@@ -56,7 +58,16 @@ class Prefetcher:
             self._reserved += ref.size
             future: Future = Future()
             self._inflight[ref.digest] = (version, ref.size, future)
-        self._pool.submit(self._fetch, version, ref, read, future)
+        try:
+            task = self._pool.submit(self._fetch, version, ref, read, future)
+            with self._lock:
+                self._tasks[ref.digest] = task
+        except RuntimeError:  # closed between the check and here (the actor is leaving): nothing to wait for
+            with self._lock:
+                self._inflight.pop(ref.digest, None)
+                self._reserved -= ref.size
+            future.set_result(False)
+            return False
         return True
 
     def _fetch(self, version: int, ref: SegmentRef, read: Read, future: Future) -> None:
@@ -72,6 +83,7 @@ class Prefetcher:
             self._arrived(hook, version, ref, data)  # while still in flight: staging waits for it, not twice
         with self._lock:
             self._inflight.pop(ref.digest, None)
+            self._tasks.pop(ref.digest, None)
             if data is not None:
                 self.prefetched_bytes += len(data)
                 self.metrics.prefetched_bytes.inc(len(data))
@@ -164,7 +176,19 @@ class Prefetcher:
             return sum(len(data) for _, data in self._held.values())
 
     def close(self) -> None:
+        """Stop prefetching (the actor is leaving): later offers are ignored, and fetches that had not started
+        are released to their waiters as not prefetched (they read the bucket), never left hanging."""
+        with self._lock:
+            self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            cancelled = [digest for digest, task in self._tasks.items() if task.cancelled()]
+            abandoned = [(self._inflight.pop(digest), self._tasks.pop(digest)) for digest in cancelled
+                         if digest in self._inflight]
+            for (_, size, _), _ in abandoned:
+                self._reserved -= size
+        for (_, _, future), _ in abandoned:
+            future.set_result(False)
 
 
 def staging_fetcher(read: Read, streams: int, prefetcher: Prefetcher | None = None) -> SegmentFetcher:
