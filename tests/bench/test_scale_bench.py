@@ -10,7 +10,9 @@ from benchmarks import scale
 
 KEYS = {"params", "density", "bytes_per_changed", "delta_bytes", "full_bytes", "publish_s", "publish_vs_scan",
         "activate_s", "activate_vs_scatter", "snapshot_write_s", "snapshot_load_s", "publisher_peak_rss_vs_model",
-        "actor_peak_rss_vs_model", "stage_s", "stage_vs_scatter", "fetch_stage_activate_s", "publish_median_s"}
+        "actor_peak_rss_vs_model", "stage_s", "stage_vs_scatter", "fetch_stage_activate_s", "publish_median_s",
+        "publisher_baseline_rss_vs_model", "publisher_peak_rss_above_baseline_vs_model",
+        "publisher_phase_peak_rss_vs_model"}
 
 
 @pytest.mark.s3
@@ -27,6 +29,14 @@ def test_tiny_scale_run_prints_sane_figures():
     # Staging and activation are timed apart; the combined figure is their sum (first activation).
     assert figures["fetch_stage_activate_s"] == pytest.approx(figures["stage_s"] + figures["first_activate_s"])
     assert len(figures["publish_all_s"]) == result["repeats"] == 3
+    # The publisher's raw peak, broken down: the process before the weights plus what came on top of it; no
+    # phase peaks above the whole, and the publish phase (both versions resident) sits above the baseline.
+    raw, base = figures["publisher_peak_rss_vs_model"], figures["publisher_baseline_rss_vs_model"]
+    assert 0 < base < raw
+    assert base + figures["publisher_peak_rss_above_baseline_vs_model"] == pytest.approx(raw)
+    phases = figures["publisher_phase_peak_rss_vs_model"]
+    assert set(phases) == {"imports", "warmup_scan", "scan", "publish"}
+    assert max(phases.values()) <= raw and phases["publish"] > base
     for key in ("publish_s", "activate_s", "snapshot_write_s", "snapshot_load_s", "publish_vs_scan",
                 "activate_vs_scatter", "publisher_peak_rss_vs_model", "actor_peak_rss_vs_model"):
         assert figures[key] > 0, key

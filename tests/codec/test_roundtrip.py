@@ -148,9 +148,10 @@ def test_fp16_tensors_work_too():
     assert_same_bits(target, layout, new)
 
 
-def test_blockwise_change_search_gives_the_same_delta(monkeypatch):
-    # Large pieces are compared block by block (bounded mask); the result must not depend on the block size,
-    # including changes that sit on block boundaries.
+@pytest.mark.parametrize("extraction", ["host", "device"])
+def test_blockwise_change_search_gives_the_same_delta(monkeypatch, extraction):
+    # Large pieces are compared block by block (bounded mask) on the host and with the device ops alike; the
+    # result must not depend on the block size, including changes that sit on block boundaries.
     from aurora_store.codec import extract as extract_module
 
     layout = ModelLayout.from_config(TINY_QWEN3)
@@ -159,9 +160,9 @@ def test_blockwise_change_search_gives_the_same_delta(monkeypatch):
     embed = new["model.embed_tokens.weight"].view(-1)
     for i in (0, 63, 64, 127, 128, embed.numel() - 1):  # boundaries of 64-element blocks
         embed[i] = embed[i] + 1.0
-    whole, whole_segments = encode(layout, old, new, 1, 0, WeightsDigest())
+    whole, whole_segments = encode(layout, old, new, 1, 0, WeightsDigest())  # host, no piece over a block
     monkeypatch.setattr(extract_module, "MASK_BLOCK", 64)
-    blocked, blocked_segments = encode(layout, old, new, 1, 0, WeightsDigest())
+    blocked, blocked_segments = encode(layout, old, new, 1, 0, WeightsDigest(), extraction=extraction)
     assert [s.data for s in blocked_segments] == [s.data for s in whole_segments]
     assert blocked.weights_digest == whole.weights_digest and blocked.changed == whole.changed
 
