@@ -204,6 +204,11 @@ def _delete_unused_segments(store: DeltaStore, plan: GcPlan, batch: tuple[Deleti
             stamp = retry.call(store.settings, lambda: store.bucket.modified(deletion.key))
         except ObjectNotFoundError:
             return True
+        # S3's LastModified is an HTTP date, truncated to whole seconds: a segment re-put 0.9 s ago reads as up
+        # to 1.9 s old. A whole-second stamp is taken as the latest instant it may stand for (sparing more,
+        # never less); sub-second stamps (local files) are exact.
+        if stamp is not None and stamp == int(stamp):
+            stamp += 1.0
         if stamp is not None and stamp >= cutoff:
             return False
         delete_object(store, deletion.key)
