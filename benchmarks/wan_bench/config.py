@@ -13,6 +13,9 @@ PARTS = PART_NAMES
 
 MIB = 1 << 20
 
+E2E_MODES = ("ideal", "delta", "full", "delta_sf")
+"""Part 5's modes (:mod:`benchmarks.wan_bench.e2e`); ``delta_sf`` runs only when asked for."""
+
 
 @dataclass(frozen=True)
 class E2EConfig:
@@ -57,7 +60,7 @@ class E2EConfig:
     # which would send every actor to the home bucket across the link. Same settings in every mode.
     lease_factor: float = 20.0
     heartbeat_ttl_s: int = 60
-    modes: tuple[str, ...] = ("ideal", "delta", "full")
+    modes: tuple[str, ...] = ("ideal", "delta", "full")  # any of E2E_MODES
     timeout_s: float = 900.0
 
     def steps_of(self, mode: str) -> int:
@@ -92,6 +95,11 @@ class BenchConfig:
     cut_rate_mbit: float = 25.0
     cut_rtt_ms: float = 50.0
     cut_repeats: int = 2
+    # Part 3 with each region on its own CPUs (home: the trainer's encoder, its S3 server and Redis; remote: the
+    # relay, the actors, the regional S3 server), as on separate machines. Shared, the encoder and the remote
+    # decoders compete for every core and CPU-bound stages cannot overlap however the transfer is pipelined
+    # (on 2 cores: end-to-end ratio 0.63-0.77 shared vs ~0.41 pinned). Every mode of part 3 alike.
+    cut_pin_regions: bool = True
     # part 3, end to end: full cut-through (streaming upload, relay copying on segment events, actors prefetching
     # and reading the relay's cache) vs store-and-forward (encode then upload, relay copying after the manifest,
     # actors fetching after the regional manifest), publish start → the last of ``overlap_actors`` remote actors
@@ -131,7 +139,7 @@ def quick_config(**overrides: Any) -> BenchConfig:
         losses=(0.01,), stream_counts=(1, 4), streams_repeats=2,
         # the small model's delta crosses in ~1.6 s here, about its encode + fanout on two quiet cores: no stage
         # dominates (with the WAN copy dominant the ratio tends to 1 whatever overlaps)
-        cut_repeats=1, overlap_repeats=2, overlap_rate_mbit=30.0,
+        cut_repeats=2, overlap_repeats=2, overlap_rate_mbit=30.0,
         e2e=E2EConfig(model_config={}, rate_mbit=2.0, steps=6, full_steps=5, batch_size=6, group_size=4, actors=2,
                       sim_tokens_per_s=12.0, warm_start_steps=10, rounds=1, budget_s=600.0,
                       target_ci_half_width=1.0),  # one small round on busy cores: the machinery, not precision

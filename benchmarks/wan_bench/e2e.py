@@ -8,7 +8,10 @@ the harness (:meth:`Topology.popen`): the trainer in ``home`` (home S3 bucket, R
 * ``full`` — full broadcast every step: the trainer writes a snapshot every version (``--snapshot-every 1``), the
   relay copies it across, actors stage each version from its snapshot (``--full-sync``);
 * ``delta`` — the default: sparse deltas, one-step asynchronous;
-* ``ideal`` — deltas over an unlimited, zero-delay link: no transfer cost.
+* ``ideal`` — deltas over an unlimited, zero-delay link: no transfer cost;
+* ``delta_sf`` (on request, ``--e2e-modes``) — deltas without the last hop's overlap, as before cut-through
+  reached the actors: they fetch a version only once its regional manifest exists (``--no-prefetch``) and the
+  relay serves no hot cache (``--no-serve-cache``); ``delta_vs_delta_sf`` says what that overlap buys a step.
 
 Step time is the interval between consecutive ``step`` records in the run log (Redis stream ids are server
 milliseconds), after ``skip_steps`` records of bootstrap. The modes run in ``rounds``, one short run per mode per
@@ -87,6 +90,20 @@ def round_order(modes: tuple[str, ...], round_index: int) -> list[str]:
     return [*modes[shift:], *modes[:shift]]
 
 
+def mode_args(cfg: E2EConfig, mode: str) -> tuple[list[str], list[str]]:
+    """The actors' and the relay's extra command-line arguments in ``mode``."""
+    actor_args = ["--sim-tokens-per-s", str(cfg.sim_tokens_per_s), "--batch-size", str(cfg.actor_batch_size)]
+    if cfg.sim_full_length:
+        actor_args.append("--sim-full-length")
+    relay_args: list[str] = []
+    if mode == "full":
+        actor_args.append("--full-sync")
+    elif mode == "delta_sf":
+        actor_args.append("--no-prefetch")
+        relay_args.append("--no-serve-cache")
+    return actor_args, relay_args
+
+
 def run_mode(wan: WanEnv, cfg: E2EConfig, mode: str, out_dir: Path, round_index: int = 0,
              model_dir: Path | None = None) -> dict[str, Any]:
     if mode == "ideal":
@@ -105,15 +122,11 @@ def run_mode(wan: WanEnv, cfg: E2EConfig, mode: str, out_dir: Path, round_index:
         trainer_args += ["--warm-start-steps", str(cfg.warm_start_steps)]
         if cfg.model_config:
             trainer_args += ["--model-config", json.dumps(cfg.model_config)]
-    actor_args = ["--sim-tokens-per-s", str(cfg.sim_tokens_per_s), "--batch-size", str(cfg.actor_batch_size)]
-    if cfg.sim_full_length:
-        actor_args.append("--sim-full-length")
-    if mode == "full":
-        actor_args.append("--full-sync")
+    actor_args, relay_args = mode_args(cfg, mode)
     spec = ClusterSpec(
         run_dir=out_dir / run, steps=steps, batch_size=cfg.batch_size, group_size=cfg.group_size, home=HOME,
         actors={REMOTE: cfg.actors}, snapshot_every=1 if mode == "full" else steps + 1, run=run,
-        bucket_urls=buckets, trainer_args=trainer_args, actor_args=actor_args,
+        bucket_urls=buckets, trainer_args=trainer_args, actor_args=actor_args, relay_args=relay_args,
         env={**wan.home_s3.env(), "AURORA_HEARTBEAT_TTL": str(cfg.heartbeat_ttl_s)})
     cluster = LocalCluster(spec, redis=wan.redis)
     cluster.group = NamespacedGroup(cluster.run_dir / "logs", dict(spec.env), wan, _region_of)
@@ -138,6 +151,7 @@ def run_mode(wan: WanEnv, cfg: E2EConfig, mode: str, out_dir: Path, round_index:
         "rollouts_rejected": summary.get("rollouts_rejected"), "leases_expired": summary.get("leases_expired"),
         "cross_region_down_bytes": link["down_bytes"], "link": cal,
         "snapshot_every": spec.snapshot_every, "trainer_args": trainer_args, "actor_args": actor_args,
+        "relay_args": relay_args,
     }
     log.info("e2e round %d %s: mean step %.2f s over %d intervals (%s)", round_index, mode, result["mean_step_s"],
              len(intervals), " ".join(f"{s:.2f}" for s in intervals))
@@ -188,4 +202,6 @@ def run(wan: WanEnv, cfg: E2EConfig, out_dir: Path) -> dict[str, Any]:
                            "rounds": [{"order": round_order(cfg.modes, i), "runs": r} for i, r in enumerate(runs)]}
     _ratio(doc, "delta_vs_ideal", runs, "delta", "ideal")
     _ratio(doc, "full_vs_delta", runs, "full", "delta")
+    _ratio(doc, "delta_sf_vs_ideal", runs, "delta_sf", "ideal")
+    _ratio(doc, "delta_vs_delta_sf", runs, "delta", "delta_sf")
     return doc

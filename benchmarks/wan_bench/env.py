@@ -18,12 +18,14 @@ import select
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aurora_store.testing.servers import RedisServer, S3Server
 from benchmarks.wan import LinkSpec, LinkStats, Topology
+from benchmarks.wan.affinity import all_cpus, pin_tree, split_cpus
 from benchmarks.wan.calibrate import calibrate_link
 from benchmarks.wan.errors import WanError
 
@@ -40,9 +42,10 @@ class AgentError(WanError):
 class Agent:
     """The orchestrator's handle on one :mod:`~benchmarks.wan_bench.agent` process in a region."""
 
-    def __init__(self, proc: subprocess.Popen, name: str, log_path: Path) -> None:
+    def __init__(self, proc: subprocess.Popen, name: str, log_path: Path, region: str) -> None:
         self.proc = proc
         self.name = name
+        self.region = region
         self.log_path = log_path
         self._buffer = b""
 
@@ -122,6 +125,7 @@ class WanEnv:
     _relays: dict[str, subprocess.Popen] = field(default_factory=dict)
     _saved_env: dict[str, str | None] = field(default_factory=dict)
     _shape: tuple[float | None, float, float] | None = None
+    _pinning: dict[str, frozenset[int]] | None = None
 
     @property
     def log_dir(self) -> Path:
@@ -214,6 +218,37 @@ class WanEnv:
 
     # --- processes -------------------------------------------------------------------------------
 
+    def _placed(self) -> list[tuple[str, int]]:
+        """(region, pid) of every live process this environment started in a region."""
+        placed = [(HOME, s.process.pid) for s in (self.home_s3, self.redis) if s and s.process]
+        placed += [(REMOTE, s.process.pid) for s in (self.remote_s3,) if s and s.process]
+        placed += [(a.region, a.proc.pid) for a in self._agents]
+        placed += [(REMOTE, p.pid) for p in self._relays.values()]
+        return [(region, pid) for region, pid in placed if os.path.exists(f"/proc/{pid}")]
+
+    def _pin(self, region: str, pid: int) -> None:
+        if self._pinning is not None:
+            pin_tree(pid, self._pinning[region])
+
+    @contextlib.contextmanager
+    def regions_on_own_cpus(self) -> Iterator[dict[str, frozenset[int]] | None]:
+        """Inside: each region's processes (those running and those started meanwhile) on its own share of the
+        CPUs, like separate machines (:mod:`benchmarks.wan.affinity`); yields the split, ``None`` when there are
+        too few CPUs to split. Afterwards every process may use every CPU again."""
+        split = split_cpus((HOME, REMOTE))
+        self._pinning = split
+        try:
+            if split is not None:
+                for region, pid in self._placed():
+                    pin_tree(pid, split[region])
+            yield split
+        finally:
+            self._pinning = None
+            if split is not None:
+                everything = all_cpus()
+                for _, pid in self._placed():
+                    pin_tree(pid, everything)
+
     def child_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         return {**os.environ, **self.home_s3.env(), "PYTHONUNBUFFERED": "1", **(extra or {})}
 
@@ -222,7 +257,8 @@ class WanEnv:
         with open(log_path, "ab") as log_file:
             proc = self.topo.popen(region, [sys.executable, "-m", AGENT_MODULE], env=self.child_env(),
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file)
-        agent = Agent(proc, name, log_path)
+        agent = Agent(proc, name, log_path, region)
+        self._pin(region, proc.pid)
         self._agents.append(agent)
         if wait:
             agent.wait_ready()
@@ -237,6 +273,7 @@ class WanEnv:
         with open(self.log_dir / f"relay-{run}.log", "ab") as log_file:
             proc = self.topo.popen(REMOTE, argv, env=self.child_env(env), stdout=log_file, stderr=subprocess.STDOUT)
         self._relays[run] = proc
+        self._pin(REMOTE, proc.pid)
         return proc
 
     def wait_relay(self, run: str, timeout: float = 180.0) -> None:

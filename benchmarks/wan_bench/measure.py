@@ -19,6 +19,7 @@ forwards ``v1`` (:func:`warm_relay`), so the measured version meets it in steady
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 import time
@@ -235,6 +236,17 @@ def cut_through(env: WanEnv, cfg: BenchConfig, pub: Publishing, runs: dict[str, 
             "encode_then_upload_s": nct, "speedup": nct["median"] / ct["median"], "runs": results}
 
 
+def part3(env: WanEnv, cfg: BenchConfig, pub: Publishing, runs: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    """Part 3: :func:`cut_through` and :func:`overlap`, with each region on its own CPUs when configured
+    (``cut_pin_regions``); ``cpus`` says how they were split (``None``: not pinned)."""
+    pinning = env.regions_on_own_cpus() if cfg.cut_pin_regions else contextlib.nullcontext()
+    with pinning as cpus:
+        doc = cut_through(env, cfg, pub, runs)
+        doc["overlap"] = overlap(env, cfg, pub)
+    doc["cpus"] = {region: sorted(c) for region, c in cpus.items()} if cpus else None
+    return doc
+
+
 def relay_vs_direct(env: WanEnv, cfg: BenchConfig, pub: Publishing, relay_run: str,
                     urls: tuple[str, str]) -> dict[str, Any]:
     cal = env.shape(cfg.relay_rate_mbit, cfg.relay_rtt_ms, 0.0, calibrate=f"relay_{cfg.relay_rate_mbit:g}mbit")
@@ -389,6 +401,10 @@ def overlap(env: WanEnv, cfg: BenchConfig, pub: Publishing) -> dict[str, Any]:
     sf = summarize([r["total_s"] for r in results["store_and_forward"]])
     reads = {k: sum(r["reads"][k] for r in results["cut_through"]) for k in ("relay_cache", "bucket")}
     served = any(r["cache_url"] for r in results["cut_through"])
+    # One segment's transfer time on this link: with cut-through, what is left for the actors once the regional
+    # manifest exists (verify, decode the last segments, digest) should be a small fraction of it.
+    segment_transfer_s = cfg.big_segment_bytes * 8 / (cal["rate_mbit"] * 1e6)
+    fanout_ct = statistics.median(r["fanout"]["seconds"] for r in results["cut_through"])
     stages = {mode: {stage: summarize([r[stage]["seconds"] for r in rs]) for stage in ("wan_copy", "fanout")}
               | {"encode_s": summarize([r["extract_encode"]["encode_s"] for r in rs]),
                  "manifest_s": summarize([r["extract_encode"]["manifest_s"] for r in rs])}
@@ -397,6 +413,8 @@ def overlap(env: WanEnv, cfg: BenchConfig, pub: Publishing) -> dict[str, Any]:
         "rate_mbit": cfg.overlap_rate_mbit, "rtt_ms": cfg.overlap_rtt_ms, "actors": cfg.overlap_actors,
         "cut_through_s": ct, "store_and_forward_s": sf, "ratio": ct["median"] / sf["median"], "stages": stages,
         "relay_cache_hit_ratio": (reads["relay_cache"] / max(1, sum(reads.values()))) if served else None,
+        "segment_transfer_s": segment_transfer_s,
+        "fanout_vs_segment_transfer": fanout_ct / segment_transfer_s,
         "relay_cache_note": None if served else
         "the relay serves no hot cache on this checkout (no cache_url in its state): actors read the regional "
         "bucket as soon as the relay has written each segment",

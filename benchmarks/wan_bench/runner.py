@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.wan_bench import e2e, measure, model, plots
-from benchmarks.wan_bench.config import PARTS, BenchConfig
+from benchmarks.wan_bench.config import PARTS, BenchConfig, E2EConfig
 from benchmarks.wan_bench.env import HOME, REMOTE, WanEnv
 
 log = logging.getLogger("aurora.bench.wan")
@@ -24,6 +24,8 @@ TARGETS = {
     "relay_cross_region_copies_per_version": ("<=", 1.15, "one cross-region copy per region (+ header overhead)"),
     "cut_through_vs_store_and_forward": ("<=", 0.6, "publish start → last remote actor staged: full cut-through "
                                                     "within 60 % of store-and-forward"),
+    "fanout_vs_segment_transfer": ("<=", 0.5, "cut-through: regional manifest → last remote actor staged within "
+                                              "half of one segment's transfer time on the link"),
 }
 # Part 5 is judged by its 95 % interval, not its point: precise enough (no wider than the configured ±3 %), delta not
 # measurably faster than ideal (that would be noise: delta does all ideal does and more), and within 10 % of it.
@@ -102,9 +104,7 @@ def run(cfg: BenchConfig, out_dir: Path) -> dict[str, Any]:
 
             publishing = part("publishing_setup", setup, enabled=True)
         if publishing is not None:
-            doc["cut_through"] = part("cut_through", lambda: {
-                **measure.cut_through(env, cfg, publishing, relay_runs),
-                "overlap": measure.overlap(env, cfg, publishing)})
+            doc["cut_through"] = part("cut_through", lambda: measure.part3(env, cfg, publishing, relay_runs))
             doc["relay_vs_direct"] = part("relay", lambda: measure.relay_vs_direct(
                 env, cfg, publishing, "p4-relay", relay_runs["p4-relay"]))
             for agent in publishing.all:
@@ -141,11 +141,15 @@ def _summarize(doc: dict[str, Any]) -> None:
     overlap = ct.get("overlap") if ct else None
     doc["cut_through_vs_store_and_forward"] = overlap["ratio"] if overlap else None
     doc["relay_cache_hit_ratio"] = overlap["relay_cache_hit_ratio"] if overlap else None
+    doc["fanout_vs_segment_transfer"] = overlap["fanout_vs_segment_transfer"] if overlap else None
     doc["relay_cross_region_copies_per_version"] = relay["relay"]["copies"] / relay["regions"] if relay else None
     doc["direct_cross_region_copies_per_version"] = relay["direct"]["copies"] / relay["regions"] if relay else None
     doc["relay_vs_direct_time_speedup"] = relay["time_speedup"] if relay else None
     for key in ("delta_vs_ideal", "delta_vs_ideal_ci95", "full_vs_delta", "full_vs_delta_ci95"):
         doc[f"e2e_{key}"] = e2e_doc.get(key) if e2e_doc else None
+    for key in ("delta_sf_vs_ideal", "delta_sf_vs_ideal_ci95", "delta_vs_delta_sf", "delta_vs_delta_sf_ci95"):
+        if e2e_doc and key in e2e_doc:  # only when the delta_sf mode ran
+            doc[f"e2e_{key}"] = e2e_doc[key]
     doc["e2e_modes"] = None if not e2e_doc else {
         mode: {k: m[k] for k in ("mean_step_s", "median_step_s", "stdev_step_s", "intervals")}
         for mode, m in e2e_doc["modes"].items()}
@@ -174,13 +178,14 @@ def _summarize(doc: dict[str, Any]) -> None:
 
 def _e2e_target(doc: dict[str, Any], e2e_doc: dict[str, Any] | None) -> dict[str, Any]:
     value, ci = doc.get("e2e_delta_vs_ideal"), doc.get("e2e_delta_vs_ideal_ci95")
-    width = e2e_doc["config"]["target_ci_half_width"] if e2e_doc else None
+    # part 5 not run: the full configuration's width (the target as the full benchmark judges it)
+    width = e2e_doc["config"]["target_ci_half_width"] if e2e_doc else E2EConfig().target_ci_half_width
     met = None
     if value is not None and ci is not None and width is not None:
         low, high = ci
         met = max(value - low, high - value) <= width * value and low >= E2E_LOW and high <= E2E_HIGH
     return {"value": value, "ci95": ci, "met": met,
-            "target": f"95 % interval within ±{(width or 0) * 100:g} % of the point, low >= {E2E_LOW:g}, "
+            "target": f"95 % interval within ±{width * 100:g} % of the point, low >= {E2E_LOW:g}, "
                       f"high <= {E2E_HIGH:g}",
             "what": "delta run within 10 % of the ideal run, measured to ±3 % (not measurably faster than ideal)"}
 

@@ -11,24 +11,17 @@ staging baseline (``stage_snapshot``), the actor's ``--full-sync`` flag and serv
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import statistics
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
-from benchmarks.wan.netns import cleanup_stale, list_netns, run_prefix, unsupported_reason
+from benchmarks.wan.netns import unsupported_reason
 from benchmarks.wan_bench.runner import TARGETS
+from tests.bench.wan_run import run_wan_benchmark
 
 pytestmark = [pytest.mark.redis, pytest.mark.s3]
 
-REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 600  # ~6.5 min on 2 busy cores (~5 min of it with the end-to-end cut-through runs of part 3)
 
 
@@ -46,76 +39,10 @@ def assert_target(doc: dict, key: str, context: object = None) -> None:
     assert doc["targets"][key]["met"] is True
 
 
-def _processes_of(out: Path, prefix: str) -> list[str]:
-    """Live processes holding a file under ``out`` (agents, relays, e2e workers log there) or forwarding for
-    one of the run's namespaces."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if "benchmarks.wan.forwarder" in cmdline and f"--run-id {prefix}" in cmdline:
-                found.append(f"{entry.name}: {cmdline[:200]}")
-                continue
-            for fd in (entry / "fd").iterdir():
-                if os.readlink(fd).startswith(str(out)):
-                    found.append(f"{entry.name}: {cmdline[:200]}")
-                    break
-        except OSError:
-            continue
-    return found
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _end(proc: subprocess.Popen) -> None:
-    """SIGTERM the benchmark's process group (the topology tears down on it), then SIGKILL what is left."""
-    for sig, grace in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
-        if proc.poll() is not None and not _group_alive(proc.pid):
-            return
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and (proc.poll() is None or _group_alive(proc.pid)):
-            time.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-wan")
-    stdout, stderr = out / "stdout.json", out / "stderr.log"
-    with open(stdout, "wb") as so, open(stderr, "wb") as se:
-        proc = subprocess.Popen([sys.executable, "-m", "benchmarks", "wan", "--quick", "--json",
-                                 "--out", str(out)], cwd=REPO, stdout=so, stderr=se, start_new_session=True)
-    prefix = run_prefix(proc.pid)
-    try:
-        proc.wait(TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"quick WAN benchmark did not finish in {TIMEOUT_S}s:\n{stderr.read_text()[-4000:]}")
-    finally:
-        _end(proc)
-        leftovers = [n for n in list_netns() if n.startswith(prefix)]
-        if leftovers:  # the run's pid is gone now, so its namespaces count as stale
-            cleanup_stale()
-    assert not leftovers, f"namespaces left behind: {leftovers}"
-    stray = _processes_of(out, prefix)
-    for line in stray:  # ours by construction (they hold our files): end them, then fail
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
-    assert not stray, f"processes left behind: {stray}"
-    assert proc.returncode == 0, f"benchmark exited with {proc.returncode}:\n{stderr.read_text()[-4000:]}"
-    text = stdout.read_text().strip()
-    assert text.count("\n") == 0, "the output must be exactly one JSON object on one line"
-    return json.loads(text), out
+    return run_wan_benchmark(out, ["--quick"], TIMEOUT_S), out
 
 
 @needs_netns
@@ -178,19 +105,16 @@ def test_cut_through_beats_store_and_forward_end_to_end(quick):
     assert ct["cut_through_s"]["n"] >= 1 and ct["encode_then_upload_s"]["n"] >= 1
     # Streaming the upload: segments leave while encoding goes on (encode-then-upload: only after it). What that
     # saves is a fraction of the quick model's ~0.5 s encode, within one run's noise on a ~2.5 s delivery
-    # (measured 0.999-1.2x), so the time is only required not to be materially worse.
+    # (measured 0.9-1.2x), so the time is only required not to be materially worse (full benchmark: 1.41x).
     first = {mode: max(r["publish"]["first_segment_s"] for r in runs) for mode, runs in ct["runs"].items()}
     assert first["cut_through"] < min(r["publish"]["first_segment_s"] for r in ct["runs"]["encode_then_upload"]), first
     assert ct["speedup"] > 0.9, ct
     overlap = ct["overlap"]
     assert overlap["actors"] == 2 and overlap["cut_through_s"]["n"] >= 1
-    # Not the benchmark's own target (<= 0.6, reported in ``targets``): here the trainer's encoder, the relay and
-    # both actors' decoders share two cores, so CPU-bound stages cannot overlap as on separate machines, and the
-    # quick model's stages are a few hundred ms, where fixed latencies weigh. Measured on quiet cores 0.63-0.71;
-    # 0.52-0.55 under load (longer CPU stages overlap the WAN copy). The overlap itself is asserted below.
-    ratio = doc["cut_through_vs_store_and_forward"]
-    assert ratio is not None and ratio < 0.8, (ratio, overlap["stages"])
-    assert doc["targets"]["cut_through_vs_store_and_forward"]["met"] == (ratio <= 0.6)
+    # Part 3 runs with each region on its own CPUs, as on separate machines (shared, the encoder and the remote
+    # decoders competed for both cores and the ratio was 0.63-0.77): the benchmark's own target holds.
+    assert ct["cpus"] is None or set(ct["cpus"]) == {"home", "remote"}, ct["cpus"]
+    assert_target(doc, "cut_through_vs_store_and_forward", overlap["stages"])
     for mode, runs in overlap["runs"].items():
         for run in runs:  # the last actor staged after the region had the version, itself after encoding began
             assert 0 < run["wan_copy"]["region_staged_s"] <= run["fanout"]["last_actor_staged_s"] == run["total_s"]
@@ -206,6 +130,11 @@ def test_cut_through_beats_store_and_forward_end_to_end(quick):
         assert run["wan_copy"]["first_segment_region_s"] < run["extract_encode"]["manifest_s"], run
     fanout = {mode: statistics.fmean(r["fanout"]["seconds"] for r in runs) for mode, runs in overlap["runs"].items()}
     assert fanout["cut_through"] < 0.25 * fanout["store_and_forward"], fanout
+    # Regional manifest → last actor staged, over one segment's transfer time: the full benchmark's link (1 MiB
+    # segments at 10 Mbit/s, ~0.87 s each) judges the target (<= 0.5; measured 0.24). The quick link moves a
+    # 256 KiB segment in ~77 ms, about the fixed cost of the manifest's event, read and verification (~45 ms),
+    # so here staging must only finish within one segment's time.
+    assert 0 < doc["fanout_vs_segment_transfer"] < 1.0, (doc["fanout_vs_segment_transfer"], fanout)
     if overlap["relay_cache_note"] is None:  # the relay serves its hot cache: the actors read from it
         assert doc["relay_cache_hit_ratio"] > 0.5, overlap["reads"]
     else:

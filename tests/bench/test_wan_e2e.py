@@ -9,14 +9,10 @@ and that the interval is no wider than the quick configuration's target.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from benchmarks.wan.netns import cleanup_stale, list_netns, run_prefix, unsupported_reason
-from tests.bench.test_wan_bench import REPO, _end, _processes_of
+from benchmarks.wan.netns import unsupported_reason
+from tests.bench.wan_run import run_wan_benchmark
 
 pytestmark = [pytest.mark.redis, pytest.mark.s3, pytest.mark.slow,
               pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")]
@@ -27,24 +23,7 @@ TIMEOUT_S = 1200  # about four minutes on idle cores; over twelve when four othe
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-wan-e2e")
-    stdout, stderr = out / "stdout.json", out / "stderr.log"
-    with open(stdout, "wb") as so, open(stderr, "wb") as se:
-        proc = subprocess.Popen([sys.executable, "-m", "benchmarks", "wan", "--quick", "--parts", "e2e", "--json",
-                                 "--out", str(out)], cwd=REPO, stdout=so, stderr=se, start_new_session=True)
-    prefix = run_prefix(proc.pid)
-    try:
-        proc.wait(TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"quick WAN part 5 did not finish in {TIMEOUT_S}s:\n{stderr.read_text()[-4000:]}")
-    finally:
-        _end(proc)
-        leftovers = [n for n in list_netns() if n.startswith(prefix)]
-        if leftovers:
-            cleanup_stale()
-    assert not leftovers, f"namespaces left behind: {leftovers}"
-    assert not _processes_of(out, prefix)
-    assert proc.returncode == 0, f"benchmark exited with {proc.returncode}:\n{stderr.read_text()[-4000:]}"
-    return json.loads(stdout.read_text()), out
+    return run_wan_benchmark(out, ["--quick", "--parts", "e2e"], TIMEOUT_S), out
 
 
 def test_every_mode_is_measured(e2e):

@@ -34,3 +34,35 @@ def test_actor_sim_full_length_charges_the_whole_budget():
     assert actor._charged(tokens=41, samples=24, max_new_tokens=3) == 72
     actor.config = parse_args(common)
     assert actor._charged(tokens=41, samples=24, max_new_tokens=3) == 41
+
+
+def test_delta_sf_mode_waits_for_the_manifest_and_reads_no_relay_cache():
+    """``delta_sf`` is ``delta`` without the last hop's overlap; the flags are the real CLIs' own."""
+    from benchmarks.wan_bench.config import E2EConfig
+    from benchmarks.wan_bench.e2e import mode_args
+    from workers.actor.cli import parse_args
+    from workers.relay.cli import build_parser
+
+    cfg = E2EConfig()
+    delta_actor, delta_relay = mode_args(cfg, "delta")
+    sf_actor, sf_relay = mode_args(cfg, "delta_sf")
+    assert sf_actor == [*delta_actor, "--no-prefetch"] and delta_relay == [] and sf_relay == ["--no-serve-cache"]
+    common = ["--bucket", "file:///tmp/x", "--redis", "redis://127.0.0.1:1/0", "--region", "r"]
+    assert parse_args([*common, *delta_actor]).prefetch is True
+    assert parse_args([*common, *sf_actor]).prefetch is False
+    relay = build_parser().parse_args(["--source", "file:///a", "--dest", "file:///b", "--region", "r",
+                                       "--redis", "redis://127.0.0.1:1/0", *sf_relay])
+    assert relay.serve_cache is False
+
+
+def test_e2e_modes_option_rejects_unknown_modes():
+    import argparse
+
+    import pytest
+
+    from benchmarks.wan_bench.cli import add_arguments, run_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(SystemExit, match=r"unknown.*bogus"):
+        run_from_args(parser.parse_args(["--quick", "--parts", "e2e", "--e2e-modes", "ideal,bogus", "--quiet"]))
