@@ -110,7 +110,7 @@ def run_mode(wan: WanEnv, cfg: E2EConfig, mode: str, out_dir: Path, round_index:
         cal = wan.shape(None, 0.0, 0.0, calibrate="e2e_ideal")
     else:
         cal = wan.shape(cfg.rate_mbit, cfg.rtt_ms, 0.0, calibrate=f"e2e_{cfg.rate_mbit:g}mbit")
-    run = f"e2e-{mode}-r{round_index}"
+    run = f"e2e-{mode.replace('_', '-')}-r{round_index}"  # also a bucket name: no underscores
     steps = cfg.steps_of(mode)
     shutil.rmtree(out_dir / run, ignore_errors=True)  # a trainer checkpoint left there would resume, not start
     buckets = {HOME: wan.bucket(HOME, run), REMOTE: wan.bucket(REMOTE, run)}

@@ -196,3 +196,21 @@ def test_a_closed_prefetcher_ignores_offers_and_releases_its_waiters():
     assert all(f.done() and f.result() is False for f in queued)  # released at once: staging reads them
     release.set()
     assert pending[refs[0].digest].result(timeout=10) is True  # the running fetch still completes
+
+
+def test_fetches_that_end_before_offer_returns_leave_no_task_behind():
+    """A fetch can finish on a pool thread before ``offer`` records its task; nothing of it may stay behind
+    (the task map would otherwise grow by one entry per such fetch for the actor's lifetime)."""
+    prefetcher = Prefetcher(streams=4, budget_bytes=1 << 30, metrics=Metrics("actor", "t"))
+    try:
+        refs = []
+        for i in range(300):
+            data = f"segment {i}".encode()
+            refs.append((SegmentRef(hashlib.sha256(data).hexdigest(), len(data), ()), data))
+        payload = {ref.digest: data for ref, data in refs}
+        for ref, _ in refs:
+            assert prefetcher.offer(1, ref, lambda r: payload[r.digest])
+        wait_until(lambda: len(prefetcher.held_of(1)) == len(refs))
+        assert prefetcher._tasks == {} and prefetcher._inflight == {}
+    finally:
+        prefetcher.close()

@@ -61,7 +61,9 @@ class Prefetcher:
         try:
             task = self._pool.submit(self._fetch, version, ref, read, future)
             with self._lock:
-                self._tasks[ref.digest] = task
+                # a fast fetch may already be over (and have removed its entry): record only one in flight
+                if ref.digest in self._inflight and self._inflight[ref.digest][2] is future:
+                    self._tasks[ref.digest] = task
         except RuntimeError:  # closed between the check and here (the actor is leaving): nothing to wait for
             with self._lock:
                 self._inflight.pop(ref.digest, None)
