@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 from pathlib import Path
 
 
@@ -43,36 +43,28 @@ def _threads(pid: int) -> list[int]:
     return []
 
 
-def _children(pid: int) -> Iterator[int]:
-    """Direct children of ``pid``, from each thread's ``children`` file (or a scan of /proc without it)."""
-    found: set[int] = set()
-    readable = False
-    for tid in _threads(pid):
-        with contextlib.suppress(OSError):
-            found.update(int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split())
-            readable = True
-    if not readable:
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError, ValueError, IndexError):
-                    # the parent pid is the 2nd field after the ")" that closes the command name
-                    if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                        found.add(int(entry.name))
-    return iter(sorted(found))
+def _children_by_parent() -> dict[int, list[int]]:
+    """Every live process's pid under its parent's, read once from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                # the parent pid is the 2nd field after the ")" that closes the command name
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(parent, []).append(int(entry.name))
+    return children
 
 
 def pin_tree(pid: int, cpus: Collection[int]) -> int:
     """Restrict every thread of ``pid`` and of its descendants to ``cpus``; return how many threads were set."""
     allowed = set(cpus)
-    count, pending, seen = 0, [pid], set()
+    children = _children_by_parent()
+    count, pending = 0, [pid]
     while pending:
         current = pending.pop()
-        if current in seen:
-            continue
-        seen.add(current)
         for tid in _threads(current):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.sched_setaffinity(tid, allowed)
                 count += 1
-        pending.extend(_children(current))
+        pending.extend(children.get(current, ()))
     return count

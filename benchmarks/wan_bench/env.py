@@ -219,12 +219,12 @@ class WanEnv:
     # --- processes -------------------------------------------------------------------------------
 
     def _placed(self) -> list[tuple[str, int]]:
-        """(region, pid) of every live process this environment started in a region."""
+        """(region, pid) of every process this environment started in a region (those gone meanwhile too:
+        pinning skips them)."""
         placed = [(HOME, s.process.pid) for s in (self.home_s3, self.redis) if s and s.process]
         placed += [(REMOTE, s.process.pid) for s in (self.remote_s3,) if s and s.process]
         placed += [(a.region, a.proc.pid) for a in self._agents]
-        placed += [(REMOTE, p.pid) for p in self._relays.values()]
-        return [(region, pid) for region, pid in placed if os.path.exists(f"/proc/{pid}")]
+        return placed + [(REMOTE, p.pid) for p in self._relays.values()]
 
     def _pin(self, region: str, pid: int) -> None:
         if self._pinning is not None:

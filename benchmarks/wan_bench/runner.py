@@ -181,7 +181,7 @@ def _e2e_target(doc: dict[str, Any], e2e_doc: dict[str, Any] | None) -> dict[str
     # part 5 not run: the full configuration's width (the target as the full benchmark judges it)
     width = e2e_doc["config"]["target_ci_half_width"] if e2e_doc else E2EConfig().target_ci_half_width
     met = None
-    if value is not None and ci is not None and width is not None:
+    if value is not None and ci is not None:
         low, high = ci
         met = max(value - low, high - value) <= width * value and low >= E2E_LOW and high <= E2E_HIGH
     return {"value": value, "ci95": ci, "met": met,
