@@ -6,6 +6,7 @@ values; library code receives them as arguments and never reads the environment 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,10 @@ class TransferSettings:
             connect_timeout_s=_float("AURORA_CONNECT_TIMEOUT", cls.connect_timeout_s),
             read_timeout_s=_float("AURORA_READ_TIMEOUT", cls.read_timeout_s),
         )
+
+    def with_overrides(self, **changes: object) -> TransferSettings:
+        """These settings with command-line values laid over them (``None``: not given, kept)."""
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
 def default_run_name() -> str:

@@ -257,7 +257,7 @@ def _role_actor(spec: dict[str, Any]) -> dict[str, Any]:
     judged against a plain ``scatter_`` of the same indices into the same tensors."""
     from aurora_store.codec.decoder import activate
     from aurora_store.codec.target import TensorTarget
-    from aurora_store.store.replay import stage_version
+    from aurora_store.follow import BucketChain, Follower, Step
 
     layout = ModelLayout.from_config(spec["config"])
     workdir = Path(spec["workdir"])
@@ -265,8 +265,10 @@ def _role_actor(spec: dict[str, Any]) -> dict[str, Any]:
     base = WeightsDigest.parse(spec["old_digest"])
     target = TensorTarget.from_state(layout, weights, version=0, digest=base)
     store = _store(spec)
+    follower = Follower(BucketChain(store), streams=spec["streams"])
+    follower.attach(target)
     t0 = time.perf_counter()
-    staged = stage_version(store, 1, target, streams=spec["streams"])
+    staged = follower.stage(Step(1))
     stage_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     activate(staged, target)

@@ -14,6 +14,7 @@ from typing import Any
 from aurora_store.bus import ControlPlane
 from aurora_store.store import DeltaStore, open_bucket
 from aurora_store.testing.servers import RedisServer
+from workers.actor.emulated import FLAGS as EMULATION_FLAGS
 from workers.launch import Managed, ProcessGroup
 
 
@@ -133,11 +134,16 @@ class LocalCluster:
                     env: dict[str, str] | None = None) -> Managed:
         if actor_id not in self.actor_ids:
             self.actor_ids.append(actor_id)
-        return self.group.start(f"actor-{actor_id}", "workers.actor", [*self._metrics_args(f"actor-{actor_id}"),
-            "--bucket", self.buckets[region], "--source-bucket", self.buckets[self.spec.home], "--region", region,
-            "--id", actor_id, "--engine", self.spec.engine,
-            "--cache-dir", str(self.run_dir / "cache" / actor_id), *self.common, *self.trust_args,
-            *self.spec.actor_args, *(extra or [])], env=env)
+        args = [*self._metrics_args(f"actor-{actor_id}"),
+                "--bucket", self.buckets[region], "--source-bucket", self.buckets[self.spec.home], "--region", region,
+                "--id", actor_id, "--engine", self.spec.engine,
+                "--cache-dir", str(self.run_dir / "cache" / actor_id), *self.common, *self.trust_args,
+                *self.spec.actor_args, *(extra or [])]
+        # Actors asked to emulate a slower (or throttled, or boastful) engine run the emulating entry point; the
+        # production actor has no such flags.
+        emulated = any(a.split("=")[0] in EMULATION_FLAGS for a in args)
+        return self.group.start(f"actor-{actor_id}", "workers.actor.emulated" if emulated else "workers.actor",
+                                args, env=env)
 
     def stop(self) -> None:
         self.group.stop_all()

@@ -15,9 +15,9 @@ from aurora_store.codec import CodecParams, ModelLayout, TensorTarget, digest_st
 from aurora_store.codec.digest import WeightsDigest
 from aurora_store.config import CommandDefaults, TransferSettings
 from aurora_store.errors import AuroraError, ConfigError, LayoutError, VersionExistsError, VersionNotFoundError
+from aurora_store.follow import BucketChain, Follower
 from aurora_store.store import DeltaStore, object_names, open_bucket
 from aurora_store.store.publisher import VersionPublisher
-from aurora_store.store.replay import replay
 from aurora_store.textfmt import emit_json, human_bytes, table
 from aurora_store.trust import Signer, manifest_check
 
@@ -178,8 +178,9 @@ def cmd_patch(args: argparse.Namespace) -> int:
     if extra:
         raise LayoutError(f"{args.base_file} holds tensors the delta's layout does not: {sorted(extra)[:8]}")
     target = TensorTarget.from_state(layout, {n: state[n] for n in layout.train_names}, version=base)
-    applied = replay(store, target, range(base + 1, args.version + 1), streams=settings.streams,
-                     progress=sys.stderr.isatty(), verify_manifest=check)
+    follower = Follower(BucketChain(store), verify=check, streams=settings.streams, progress=sys.stderr.isatty())
+    follower.attach(target)
+    report = follower.follow_to(args.version, snapshots=False)  # the chain from the base file, delta by delta
     for alias, source in layout.aliases:  # keep tied tensors tied, as in the input file
         if alias in state:
             state[alias] = state[source]
@@ -192,12 +193,12 @@ def cmd_patch(args: argparse.Namespace) -> int:
         if isinstance(exc, AuroraError):
             raise
         raise ConfigError(f"cannot write {out}: {exc}") from None
-    doc = {"version": args.version, "base_version": base, "applied": [m.version for m in applied],
+    doc = {"version": args.version, "base_version": base, "applied": [step.version for step in report.steps],
            "weights_digest": str(target.digest), "out": str(out)}
     if args.json:
         emit_json(doc)
     else:
-        print(f"wrote version {args.version} to {out} (applied {len(applied)} delta(s) from version {base}; "
+        print(f"wrote version {args.version} to {out} (applied {len(report.steps)} delta(s) from version {base}; "
               f"digest {target.digest})")
     return 0
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
+from typing import Protocol
 
 from aurora_store.codec.encoder import DeltaEncoder, EncodeSummary, Piece, Segment
 from aurora_store.codec.manifest import SegmentRef
@@ -109,27 +110,66 @@ def upload_segments(store: DeltaStore, encoder: DeltaEncoder, pieces: Iterable[P
         first_segment_s=first_durable[0] if first_durable else uploaded - started)
 
 
+class HeldSegments(Protocol):
+    """Segments fetched ahead of their manifest (an actor's prefetcher): what a fetch takes before reading."""
+
+    def claim(self, version: int, refs: Sequence[SegmentRef]) -> tuple[dict[str, bytes], dict[str, Future[bool]]]:
+        """The bytes held for ``refs`` (taken), and fetches of them still in flight (``True`` once held)."""
+        ...
+
+    def take(self, digest: str) -> bytes | None:
+        """A held segment's bytes (taken), or ``None``."""
+        ...
+
+
 def fetch_segments(store: DeltaStore, refs: Iterable[SegmentRef], *, streams: int | None = None,
+                   read: Callable[[SegmentRef], bytes] | None = None,
+                   held: HeldSegments | None = None, version: int | None = None,
                    progress: Progress | None = None,
                    on_fetched: Callable[[SegmentRef, int], None] | None = None,
                    pool: TransferPool | None = None) -> Iterator[tuple[SegmentRef, bytes]]:
-    """Download segments over ``streams`` parallel streams; yield ``(ref, bytes)`` as each arrives verified.
+    """Fetch segments over ``streams`` parallel streams; yield ``(ref, bytes)`` as each arrives verified.
 
-    ``pool`` defaults to the process's shared transfer pool. Closing the iterator early cancels the
-    downloads not yet started.
+    The one segment-fetch path of the project. ``read`` reads one segment, verified (default:
+    ``store.get_segment``; a follower passes its relay cache → bucket reader). With ``held`` (and the
+    ``version`` the refs belong to), segments fetched ahead are taken first, fetches of them still in flight
+    are awaited here — never on a pool thread, never downloaded twice — and only the rest is read.
+    ``on_fetched`` and ``progress`` see what is read, not what was held. ``pool`` defaults to the process's
+    shared transfer pool. Closing the iterator early cancels the reads not yet started.
     """
     streams = streams or store.settings.streams
+    read = read or store.get_segment
     refs = list(refs)
     if not refs:
         return
-    lanes = (pool or shared_pool()).lanes(min(streams, len(refs)))
-    futures = {lanes.submit(store.get_segment, ref): ref for ref in refs}
+    by_digest = {ref.digest: ref for ref in refs}
+    taken, pending = held.claim(version if version is not None else -1, refs) if held is not None else ({}, {})
+    for digest, data in taken.items():
+        yield by_digest[digest], data
+    rest = [ref for ref in by_digest.values() if ref.digest not in taken]
+    if not rest:
+        return
+    lanes = (pool or shared_pool()).lanes(min(streams, len(rest)))
+    reads: dict[Future, SegmentRef] = {}
+    waits: dict[Future, SegmentRef] = {}
+    for ref in rest:
+        if ref.digest in pending:
+            waits[pending[ref.digest]] = ref
+        else:
+            reads[lanes.submit(read, ref)] = ref
     try:
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+        while reads or waits:
+            done, _ = wait(set(reads) | set(waits), return_when=FIRST_COMPLETED)
             for future in done:
-                ref = futures[future]
+                if future in waits:  # a prefetch finished: take its bytes, or read the segment after all
+                    ref = waits.pop(future)
+                    data = held.take(ref.digest) if future.result() and held is not None else None
+                    if data is None:
+                        reads[lanes.submit(read, ref)] = ref
+                        continue
+                    yield ref, data
+                    continue
+                ref = reads.pop(future)
                 data = future.result()
                 if progress is not None:
                     progress.advance(len(data))
@@ -137,5 +177,5 @@ def fetch_segments(store: DeltaStore, refs: Iterable[SegmentRef], *, streams: in
                     on_fetched(ref, len(data))
                 yield ref, data
     finally:
-        for future in futures:
+        for future in reads:
             future.cancel()

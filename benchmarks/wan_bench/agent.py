@@ -2,9 +2,9 @@
 
 ``python -m benchmarks.wan_bench.agent`` reads one JSON command per line on stdin and answers each with
 one JSON line on stdout (``{"ready": true}`` first, once imports are done, so start-up never counts). Everything
-it measures goes through the real store code: :func:`~aurora_store.store.replay.stage_version` (manifest +
-segments over ``S`` streams, SHA-256 checks, decode, digest), :func:`~aurora_store.store.replay.stage_snapshot`
-(the full-weights baseline), :class:`~aurora_store.store.publisher.VersionPublisher` (cut-through or
+it measures goes through the real library code: :class:`~aurora_store.follow.Follower` (manifest +
+segments over ``S`` streams, SHA-256 checks, decode, digest; or the full snapshot, the full-weights
+baseline), :class:`~aurora_store.store.publisher.VersionPublisher` (cut-through or
 encode-then-upload publishing with ``segment`` / ``staged`` events on Redis, as the trainer does).
 
 Commands (``op`` plus arguments):
@@ -21,8 +21,8 @@ Commands (``op`` plus arguments):
   actor of the watched region until the version is staged. With ``prefetch`` (watch with ``home``): each segment
   announced on the home stream is read as soon as the region has it — from the relay's hot cache when the relay
   serves one (its state names a ``cache_url``), else from the regional bucket once the relay has written it —
-  and decoded ahead (the actor's :class:`~workers.actor.prefetch.Prefetcher` and
-  :class:`~workers.actor.ahead.DecodeAhead`), so the ``staged`` event only fetches what is missing and checks.
+  and decoded ahead (the follower's :class:`~aurora_store.follow.Prefetcher` and
+  :class:`~aurora_store.follow.DecodeAhead`), so the ``staged`` event only fetches what is missing and checks.
   Without: wait for ``staged``, then fetch and stage everything.
   Answers wall-clock times and where each segment was read from.
 * ``publish`` — ``url``, ``redis``, ``run``, ``region``, ``version``, ``base_version``, ``cut_through``,
@@ -108,31 +108,31 @@ class Agent:
         return {}
 
     def deliver(self, url: str, mode: str, version: int, streams: int) -> dict[str, Any]:
-        from aurora_store.store.replay import stage_snapshot, stage_version
+        from aurora_store.follow import Step
 
         store = open_store(url, streams)
         arrivals: list[float] = []
-        fetched = [0]
-
-        def on_fetched(nbytes: int) -> None:
-            fetched[0] += nbytes
-            arrivals.append(time.perf_counter())
-
+        downloaded = [0]
+        follower = self._follower(store, streams, on_read=lambda _label, _n: arrivals.append(time.perf_counter()),
+                                  on_bytes=lambda n: downloaded.__setitem__(0, downloaded[0] + n))
         started = time.perf_counter()
-        if mode == "delta":
-            delta = stage_version(store, version, self.target, streams=streams, on_fetched=on_fetched)
-            nbytes = fetched[0] + len(delta.manifest.to_bytes())
-            changed = delta.manifest.changed_total
-        elif mode == "full":
-            snapshot = stage_snapshot(store, version, self.target, streams=streams)
-            nbytes = snapshot.snapshot_bytes
-            changed = snapshot.changed
-        else:
+        if mode not in ("delta", "full"):
             raise ValueError(f"unknown mode {mode!r}")
+        staged = follower.stage(Step(version, snapshot=mode == "full"))
+        changed = staged.manifest.changed_total if mode == "delta" else staged.changed  # type: ignore[union-attr]
         total = time.perf_counter() - started
         store.close()
-        return {"seconds": total, "fetch_s": (arrivals[-1] - started) if arrivals else None, "bytes": nbytes,
-                "changed": changed, "streams": streams, "mode": mode}
+        return {"seconds": total, "fetch_s": (arrivals[-1] - started) if arrivals else None,
+                "bytes": downloaded[0], "changed": changed, "streams": streams, "mode": mode}
+
+    def _follower(self, store, streams: int, *, sources=(), prefetcher=None, on_read=None, on_bytes=None):
+        """The library's follower over one store, on this agent's target (what an actor runs)."""
+        from aurora_store.follow import BucketChain, Follower
+
+        follower = Follower(BucketChain(store), streams=streams, sources_for=lambda _store: sources,
+                            prefetcher=prefetcher, on_read=on_read, on_bytes=on_bytes)
+        follower.attach(self.target)
+        return follower
 
     def watch(self, redis: str, run: str, region: str, home: str | None = None) -> dict[str, Any]:
         from aurora_store.bus import ControlPlane
@@ -148,29 +148,38 @@ class Agent:
 
     def follow(self, version: int, url: str, streams: int, prefetch: bool, cache_token: str | None = None,
                segment_bytes: int | None = None, timeout: float = 600.0) -> dict[str, Any]:
-        from concurrent.futures import as_completed
+        from collections import Counter
 
-        from aurora_store.codec import CodecParams, stage
+        from aurora_store.codec import CodecParams
         from aurora_store.codec.manifest import SegmentRef
+        from aurora_store.follow import Prefetcher, RelayCache, Step
         from aurora_store.metrics import Metrics
-        from aurora_store.store.pool import shared_pool
-        from workers.actor.ahead import DecodeAhead
-        from workers.actor.prefetch import Prefetcher, staging_fetcher
 
         store = open_store(url, streams)  # made before the clock starts, like an actor's long-lived store
-        lanes = shared_pool().lanes(streams)
         deadline = time.monotonic() + timeout
+        metrics = Metrics("actor", "wan-bench", self.region or "")
         cache_url = None
         if prefetch:
             relay = self.plane.relay(self.region)
             cache_url = getattr(relay, "cache_url", None) if relay is not None else None
-        reader = _SegmentReader(store, cache_url, cache_token, deadline)
+        sources: list[Any] = [RelayCache(cache_url, cache_token or "", metrics, 10.0)] if cache_url else []
+        sources.append(_CopiedSoon(store, deadline))
+        reads: Counter[str] = Counter()  # "relay_cache" / "bucket"
+        arrivals: list[float] = []  # wall clock of each prefetched segment's arrival
+        staging = [False]
+
+        def on_read(label: str, _nbytes: int) -> None:
+            reads[label] += 1
+            if not staging[0]:
+                arrivals.append(time.time())
+
         # the actor's own prefetch and decode-ahead: each prefetched segment is decoded and hashed against the
         # base as it arrives (the run's codec parameters; the manifest re-checks everything), so the manifest
         # leaves only the checks. The budget is not what is measured here: everything the version moves fits.
-        prefetcher = Prefetcher(streams, 1 << 40, Metrics("actor", "wan-bench", self.region or ""))
-        ahead = DecodeAhead(self.target, prefetcher, prefetcher.metrics,
-                            CodecParams(segment_bytes=segment_bytes or CodecParams().segment_bytes))
+        prefetcher = Prefetcher(streams, 1 << 40, metrics)
+        follower = self._follower(store, streams, sources=sources, prefetcher=prefetcher, on_read=on_read)
+        assert follower.ahead is not None
+        follower.ahead.codec = CodecParams(segment_bytes=segment_bytes or CodecParams().segment_bytes)
         held: set[str] = set()
         event_at = None
         cursors = {self.region: self.cursor}
@@ -187,32 +196,26 @@ class Agent:
                       and event.version == version and event.segment and event.size is not None
                       and event.segment not in held):
                     held.add(event.segment)
-                    prefetcher.offer(version, SegmentRef(event.segment, event.size, ()),
-                                     lambda ref: reader.read(ref, True))
+                    follower.offer(version, SegmentRef(event.segment, event.size, ()))
         self.cursor = cursors[self.region]
         if self.home in cursors:
             self.home_cursor = cursors[self.home]
+        staging[0] = True
         started = time.perf_counter()
-        manifest = store.manifest(version)
-        if held:
-            fetch = staging_fetcher(lambda ref: reader.read(ref, False), streams, prefetcher)
-            staged = ahead.stage(manifest, fetch(version, manifest.segments))
-        else:
-            futures = {lanes.submit(reader.read, ref, False): ref for ref in manifest.segments}
-            staged = stage(manifest, ((futures[f], f.result()) for f in as_completed(futures)), self.target)
+        staged = follower.stage(Step(version))
         stage_s = time.perf_counter() - started
-        prefetcher.close()
+        follower.close()
         store.close()
         return {"t_event": event_at, "t_staged": time.time(), "stage_s": stage_s,
                 "bytes": staged.manifest.segment_bytes + len(staged.manifest.to_bytes()),
-                "announced": len(held), "segments": len(manifest.segments), "cache_url": cache_url,
-                "decoded_ahead": ahead.last_decoded_ahead,
-                "reads": dict(reader.reads), "prefetch_arrivals": sorted(reader.arrivals)}
+                "announced": len(held), "segments": len(staged.manifest.segments), "cache_url": cache_url,
+                "decoded_ahead": follower.decoded_ahead, "reads": dict(reads), "prefetch_arrivals": sorted(arrivals)}
 
     def await_stage(self, version: int, url: str, streams: int, timeout: float = 600.0) -> dict[str, Any]:
-        from aurora_store.store.replay import stage_version
+        from aurora_store.follow import Step
 
         store = open_store(url, streams)  # made before the clock starts, like an actor's long-lived store
+        follower = self._follower(store, streams)
         deadline = time.monotonic() + timeout
         event_at = None
         while event_at is None:
@@ -223,7 +226,7 @@ class Agent:
                 if event.kind == "staged" and event.version >= version:
                     event_at = time.time()
         started = time.perf_counter()
-        staged = stage_version(store, version, self.target, streams=streams)
+        staged = follower.stage(Step(version))
         stage_s = time.perf_counter() - started
         store.close()
         return {"t_event": event_at, "t_staged": time.time(), "stage_s": stage_s,
@@ -282,57 +285,26 @@ class Agent:
         return 0
 
 
-class _SegmentReader:
-    """Reads one verified segment: the relay's hot cache first (when it serves one), else the regional bucket
-    — waiting for the relay to write it there when it has been announced but not copied yet."""
+class _CopiedSoon:
+    """The regional bucket as a segment source that waits for a segment announced at home but not copied into
+    the region yet (the relay is copying it), until the deadline; then the bucket read proper raises."""
 
-    def __init__(self, store, cache_url: str | None, token: str | None, deadline: float) -> None:
-        import threading
-        from collections import Counter
+    label = "bucket"
 
-        self.store, self.cache_url, self.token, self.deadline = store, cache_url, token, deadline
-        self.reads: Counter[str] = Counter()  # "relay_cache" / "bucket"
-        self.arrivals: list[float] = []  # wall clock of each prefetched segment's arrival
-        self._lock = threading.Lock()
+    def __init__(self, store, deadline: float) -> None:
+        self.store, self.deadline = store, deadline
 
-    def _from_cache(self, ref) -> bytes | None:
-        import hashlib
-        import urllib.error
-        import urllib.request
-
-        request = urllib.request.Request(f"{self.cache_url.rstrip('/')}/segments/{ref.digest}",
-                                         headers={"Authorization": f"Bearer {self.token or ''}"})
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                data = response.read(ref.size + 1)
-        except (urllib.error.URLError, OSError):
-            return None
-        if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.digest:
-            return None
-        return data
-
-    def read(self, ref, prefetched: bool) -> bytes:
+    def get(self, ref) -> bytes | None:
         from aurora_store.errors import ObjectNotFoundError
 
         wait = 0.02
-        while True:
-            data = self._from_cache(ref) if self.cache_url else None
-            source = "relay_cache"
-            if data is None:
-                source = "bucket"
-                try:
-                    data = self.store.get_segment(ref)
-                except ObjectNotFoundError:
-                    if time.monotonic() > self.deadline:
-                        raise
-                    time.sleep(wait)  # announced at home, not in the region yet: the relay is copying it
-                    wait = min(0.2, wait * 1.5)
-                    continue
-            with self._lock:
-                self.reads[source] += 1
-                if prefetched:
-                    self.arrivals.append(time.time())
-            return data
+        while time.monotonic() <= self.deadline:
+            try:
+                return self.store.get_segment(ref)
+            except ObjectNotFoundError:
+                time.sleep(wait)
+                wait = min(0.2, wait * 1.5)
+        return None
 
 
 def _reply(stream: TextIO, doc: dict[str, Any]) -> None:
@@ -346,7 +318,7 @@ def main() -> int:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     import torch  # noqa: F401  (import cost before "ready")
 
-    from aurora_store.store import replay  # noqa: F401
+    from aurora_store import follow  # noqa: F401
 
     return Agent().serve(sys.stdin, replies)
 

@@ -153,8 +153,8 @@ def test_stage_snapshot_is_the_full_weights_baseline(tmp_path):
     from aurora_store.codec import ModelLayout, TensorTarget, activate
     from aurora_store.codec.digest import digest_state
     from aurora_store.errors import BaseVersionMismatchError, DigestMismatchError
+    from aurora_store.follow.stage import stage_snapshot
     from aurora_store.store import DeltaStore
-    from aurora_store.store.replay import stage_snapshot
     from aurora_store.store.snapshots import write_snapshot
     from benchmarks.synthetic import chained_states
 

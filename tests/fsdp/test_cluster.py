@@ -9,8 +9,7 @@ import json
 import pytest
 
 from aurora_store.codec import TensorTarget, digest_state
-from aurora_store.store import plan_catch_up
-from aurora_store.store.replay import replay
+from aurora_store.follow import follow, plan_catch_up
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
 from workers.cluster import ClusterSpec, LocalCluster
 
@@ -62,7 +61,7 @@ def test_every_version_reconstructs_to_its_manifest_digest(run):
         plan = plan_catch_up(None, version, {v: store.delta_bytes(v) for v in store.versions()}, snapshots)
         state, _ = load_snapshot(store, plan.snapshot, layout)  # verifies the snapshot's digest from scratch
         target = TensorTarget.from_state(layout, state, version=plan.snapshot)
-        replay(store, target, plan.deltas)
+        follow(store, target, plan.target, snapshots=False)
         assert str(digest_state(layout, state)) == manifest.weights_digest
     assert manifest.weights_digest == run["summary"]["trainer_digest"]
 

@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from aurora_store.codec import ModelLayout, TensorTarget, digest_state
+from aurora_store.follow import follow
 from aurora_store.store import DeltaStore
-from aurora_store.store.replay import replay
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
 from tests.fsdp.worker import MODEL_CONFIG
 
@@ -79,7 +79,7 @@ def test_actor_reconstruction_equals_the_ranks_published_weights_at_every_versio
     target = TensorTarget.from_state(layout, state, version=0)
     for version in range(STEPS + 1):
         if version:
-            replay(store, target, [version])  # stage (verifies every digest) + activate, as actors do
+            follow(store, target, version, snapshots=False)  # stage (verifies every digest) + activate, as actors do
         expected = published(tmp / "out", version, layout)
         assert set(expected) == set(layout.train_names)
         for name in layout.train_names:

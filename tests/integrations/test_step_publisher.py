@@ -8,8 +8,8 @@ import torch
 
 from aurora_store.codec import ModelLayout, TensorTarget, digest_state
 from aurora_store.errors import ConfigError, LayoutError, SignatureError
+from aurora_store.follow import follow
 from aurora_store.store import DeltaStore, open_bucket
-from aurora_store.store.replay import replay
 from aurora_store.store.snapshots import load_snapshot
 from aurora_store.trust import Verifier, generate_keypair
 from workers.integrations.hf_callback import StepPublisher
@@ -46,7 +46,7 @@ def test_publish_step_versions_replay_bit_exactly(tmp_path):
     verify = Verifier.load(public)
     state, _ = load_snapshot(store, 0, layout, verify_manifest=verify)
     target = TensorTarget.from_state(layout, state, version=0)
-    replay(store, target, [1, 2, 3, 4], verify_manifest=verify)
+    follow(store, target, 4, snapshots=False, verify=verify)
     assert target.full_digest() == outcome.digest
     with pytest.raises(SignatureError):
         Verifier.load(generate_keypair()[1])(store.manifest(1))

@@ -11,10 +11,10 @@ import torch
 from aurora_store.cli import main
 from aurora_store.codec import TensorTarget, digest_state
 from aurora_store.errors import GcRefusedError
+from aurora_store.follow import follow, plan_catch_up
 from aurora_store.ops.gc import ORDER, collect_garbage, plan_gc
 from aurora_store.ops.verify import verify_bucket
-from aurora_store.store import DeltaStore, history, object_names, plan_catch_up
-from aurora_store.store.replay import replay
+from aurora_store.store import DeltaStore, history, object_names
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
 from tests.ops.helpers import LAYOUT, Run, all_keys, build_bucket, rewrite, segment_keys, segment_of
 
@@ -27,7 +27,7 @@ def run(tmp_path) -> Run:
 def catch_up_from(store: DeltaStore, snapshot: int, target_version: int) -> dict[str, torch.Tensor]:
     state, _ = load_snapshot(store, snapshot, LAYOUT)
     target = TensorTarget.from_state(LAYOUT, state, version=snapshot)
-    replay(DeltaStore(store.bucket), target, range(snapshot + 1, target_version + 1))
+    follow(DeltaStore(store.bucket), target, target_version, snapshots=False)
     assert target.full_digest() == target.digest
     return state
 

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aurora_store.errors import VersionNotFoundError
-from aurora_store.store import plan_catch_up
+from aurora_store.follow import plan_catch_up
 
 
 def test_short_gap_replays_missed_deltas_only():

@@ -14,8 +14,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from aurora_store.codec import ModelLayout, TensorTarget, digest_state
 from aurora_store.codec.layout import bits_view
 from aurora_store.errors import VersionExistsError
-from aurora_store.store import DeltaStore, open_bucket, plan_catch_up
-from aurora_store.store.replay import replay
+from aurora_store.follow import follow, plan_catch_up
+from aurora_store.store import DeltaStore, open_bucket
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest, write_snapshot
 from aurora_store.testing.builders import publish
 
@@ -114,7 +114,7 @@ class VersionLog(RuleBasedStateMachine):
         else:
             state, start = {k: v.clone() for k, v in self.states[current].items()}, current
         target = TensorTarget.from_state(LAYOUT, state, version=start)
-        replay(self.store, target, plan.deltas)
+        follow(self.store, target, plan.target, snapshots=False)
         assert target.version == self.latest
         assert target.digest == digest_state(LAYOUT, self.states[-1]) == target.full_digest()
 

@@ -9,9 +9,9 @@ import pytest
 
 from aurora_store.codec import CodecParams, ModelLayout, TensorTarget, digest_state, pieces_from_states
 from aurora_store.errors import SignatureError
+from aurora_store.follow.stage import stage_version
 from aurora_store.store import DeltaStore, open_bucket
 from aurora_store.store.publisher import VersionPublisher
-from aurora_store.store.replay import stage_version
 from aurora_store.testing.builders import TINY_QWEN3, perturb, random_state
 from aurora_store.trust import RunCheck, Signer, Verifier, manifest_check, write_keypair
 

@@ -11,8 +11,8 @@ import pytest
 from aurora_store.bus import VersionEvent
 from aurora_store.codec import CodecParams, DeltaEncoder, DeltaManifest, TensorTarget, pieces_from_states
 from aurora_store.codec.layout import bits_view
-from aurora_store.store import object_names, plan_catch_up
-from aurora_store.store.replay import replay
+from aurora_store.follow import follow, plan_catch_up
+from aurora_store.store import object_names
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
 from workers.cluster import ClusterSpec, LocalCluster
 from workers.relay.cli import parse_args
@@ -26,7 +26,7 @@ def reconstruct(store, layout, version):
                          {s: read_snapshot_manifest(store, s).total_bytes for s in store.snapshot_versions()})
     state, _ = load_snapshot(store, plan.snapshot, layout)
     target = TensorTarget.from_state(layout, state, version=plan.snapshot)
-    replay(store, target, plan.deltas)
+    follow(store, target, plan.target, snapshots=False)
     return state, target.digest
 
 

@@ -10,7 +10,7 @@ import torch
 
 from aurora_store.codec import activate
 from aurora_store.codec.layout import ModelLayout, bits_view
-from aurora_store.store.replay import stage_version
+from aurora_store.follow.stage import stage_version
 from workers.rl.model import load_model
 
 #: Versions published after the snapshot (v0) in the session's published run (see conftest).

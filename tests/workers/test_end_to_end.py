@@ -14,8 +14,8 @@ import torch
 
 from aurora_store.bus import ActorState, ControlPlane, RolloutResult
 from aurora_store.codec import TensorTarget, digest_state
-from aurora_store.store import DeltaStore, open_bucket, plan_catch_up
-from aurora_store.store.replay import replay
+from aurora_store.follow import follow, plan_catch_up
+from aurora_store.store import DeltaStore, open_bucket
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
 from workers.cluster import ClusterSpec, LocalCluster
 
@@ -110,7 +110,7 @@ def state_at(store: DeltaStore, layout, version: int):
                          {s: read_snapshot_manifest(store, s).total_bytes for s in store.snapshot_versions()})
     state, _ = load_snapshot(store, plan.snapshot, layout)
     target = TensorTarget.from_state(layout, state, version=plan.snapshot)
-    replay(store, target, plan.deltas)
+    follow(store, target, plan.target, snapshots=False)
     return state, target
 
 

@@ -24,17 +24,10 @@ class ActorConfig:
     trainer_public_key: str | None  # path or base64 of the trainer's Ed25519 public key
     batch_size: int  # prompts generated together (a batch boundary is where deltas activate)
     max_new_tokens: int | None
-    slowdown: float  # artificial per-batch delay factor (heterogeneity experiments); 1.0 = none
     seed: int
     verify_full_digest: bool  # re-hash all weights after every activation (tests)
-    sim_tokens_per_s: float | None  # emulate a slower accelerator: generation takes ≥ tokens / rate seconds
-    # with sim_tokens_per_s: charge every sample its whole token budget (as a batched engine decoding to the
-    # longest sample does), so emulated time no longer depends on sampled lengths (benchmarks: steady steps)
-    sim_full_length: bool = False
     full_sync: bool = False  # baseline: stage every version from its full snapshot instead of its delta
     engine_options: EngineOptions = field(default_factory=EngineOptions)  # --device, vLLM flags
-    throttle_file: str | None = None  # tests: a tokens/s cap read before every batch, hidden from the self-report
-    claim_tokens_per_s: float | None = None  # tests: a boastful actor reports this instead of what it measured
     prefetch: bool = True  # fetch announced segments of newer versions before their manifest exists
     prefetch_bytes: int = 512 << 20  # held + in flight at most; beyond, staging fetches
     cache_token: str | None = None  # the run's bearer secret for the relay's segment cache; None: bucket only
@@ -78,21 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="trainer's Ed25519 public key (file path or base64); manifests must verify against it")
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per generation batch")
     parser.add_argument("--max-new-tokens", type=int, default=None)
-    parser.add_argument("--slowdown", type=float, default=1.0, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sim-tokens-per-s", type=float, default=None,
-                        help="emulate an engine of this throughput (scheduling experiments): batches take at least "
-                             "tokens / rate seconds")
-    parser.add_argument("--sim-full-length", action="store_true",
-                        help="with --sim-tokens-per-s: charge every sample its whole max-new-tokens budget, so a "
-                             "batch's emulated time depends on its size only, not on sampled lengths (benchmarks)")
     parser.add_argument("--full-sync", action="store_true",
-                        help="baseline for benchmarks: stage every version from its full snapshot instead of the delta "
-                             "(needs the trainer to run with --snapshot-every 1)")
-    # Scheduling tests: while this file exists, its content (tokens/s) caps generation, and the extra time is
-    # left out of the rate the actor reports about itself: a slowdown it does not see (or a boastful actor).
-    parser.add_argument("--throttle-file", help=argparse.SUPPRESS)
-    parser.add_argument("--claim-tokens-per-s", type=float, help=argparse.SUPPRESS)  # tests: a lying heartbeat
+                        help="stage every version from its full snapshot instead of its delta (the full-broadcast "
+                             "baseline; needs the trainer to run with --snapshot-every 1)")
     parser.add_argument("--verify-full-digest", action="store_true",
                         help="after every activation, re-hash all weights from scratch and compare (slow)")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
@@ -127,10 +109,8 @@ def parse_args(argv: list[str] | None = None) -> ActorConfig:
         engine=args.engine or default_engine(), actor_id=args.actor_id, source_bucket=args.source_bucket,
         streams=args.streams, cache_dir=args.cache_dir, metrics_port=args.metrics_port,
         trainer_public_key=args.trainer_public_key, batch_size=args.batch_size,
-        max_new_tokens=args.max_new_tokens, slowdown=args.slowdown, seed=args.seed,
-        verify_full_digest=args.verify_full_digest, sim_tokens_per_s=args.sim_tokens_per_s,
-        sim_full_length=args.sim_full_length,
-        full_sync=args.full_sync, throttle_file=args.throttle_file, claim_tokens_per_s=args.claim_tokens_per_s,
+        max_new_tokens=args.max_new_tokens, seed=args.seed, verify_full_digest=args.verify_full_digest,
+        full_sync=args.full_sync,
         prefetch=args.prefetch, prefetch_bytes=args.prefetch_bytes, cache_token=args.cache_token,
         cache_timeout_s=args.cache_timeout_s, wait_for_run_s=args.wait_for_run_s,
         engine_options=EngineOptions(args.device, args.enforce_eager, args.gpu_memory_utilization,

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from aurora_store.store.replay import stage_snapshot, stage_version
 from vllm.distributed.weight_transfer.base import (
     WeightTransferEngine,
     WeightTransferInitInfo,
@@ -72,7 +73,6 @@ from aurora_store.errors import (
     VersionNotFoundError,
 )
 from aurora_store.store import DeltaStore, open_bucket, plan_catch_up
-from aurora_store.store.replay import stage_snapshot, stage_version
 from aurora_store.store.snapshots import SnapshotManifest, read_snapshot_manifest
 from aurora_store.trust import Verifier
 from workers.actor.vllm_ext import (

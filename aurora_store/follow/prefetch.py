@@ -12,27 +12,31 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 
 from aurora_store.codec.manifest import SegmentRef
 from aurora_store.errors import AuroraError
 from aurora_store.metrics import Metrics
-from aurora_store.store.replay import SegmentFetcher
+from aurora_store.store.pool import PoolClosedError, shared_pool
 
-log = logging.getLogger("aurora.actor.prefetch")
+log = logging.getLogger("aurora.follow.prefetch")
 
 #: Reads one segment, verified (relay cache, then bucket); raises on failure.
 Read = Callable[[SegmentRef], bytes]
-#: Called with each verified prefetched segment before it is held (decode-ahead: :mod:`workers.actor.ahead`).
+#: Called with each verified prefetched segment before it is held (decode-ahead: :mod:`aurora_store.follow.ahead`).
 Arrived = Callable[[int, SegmentRef, bytes], None]
 
 
 class Prefetcher:
+    """Background fetches of announced segments within a byte budget, on ``streams`` lanes of the process's
+    transfer pool (so their connections are the ones staging uses next); a
+    :class:`~aurora_store.store.transfer.HeldSegments` for :func:`~aurora_store.store.transfer.fetch_segments`."""
+
     def __init__(self, streams: int, budget_bytes: int, metrics: Metrics) -> None:
         self.budget_bytes = budget_bytes
         self.metrics = metrics
-        self._pool = ThreadPoolExecutor(max_workers=streams, thread_name_prefix="aurora-prefetch")
+        self._pool = shared_pool().lanes(streams)
         self._lock = threading.Lock()
         self._held: dict[str, tuple[int, bytes]] = {}  # digest → (version announced with, bytes)
         self._inflight: dict[str, tuple[int, int, Future]] = {}  # digest → (version, size, fetch)
@@ -64,7 +68,7 @@ class Prefetcher:
                 # a fast fetch may already be over (and have removed its entry): record only one in flight
                 if ref.digest in self._inflight and self._inflight[ref.digest][2] is future:
                     self._tasks[ref.digest] = task
-        except RuntimeError:  # closed between the check and here (the actor is leaving): nothing to wait for
+        except PoolClosedError:  # the process is exiting: nothing to wait for
             with self._lock:
                 self._inflight.pop(ref.digest, None)
                 self._reserved -= ref.size
@@ -123,9 +127,12 @@ class Prefetcher:
 
     def submit(self, fn: Callable[..., object], *args: object) -> bool:
         """Run ``fn(*args)`` on the prefetch threads; ``False`` once closed."""
+        with self._lock:
+            if self._closed:  # the actor is leaving
+                return False
         try:
             self._pool.submit(fn, *args)
-        except RuntimeError:  # closed: the actor is leaving
+        except PoolClosedError:
             return False
         return True
 
@@ -182,7 +189,9 @@ class Prefetcher:
         are released to their waiters as not prefetched (they read the bucket), never left hanging."""
         with self._lock:
             self._closed = True
-        self._pool.shutdown(wait=False, cancel_futures=True)
+            tasks = list(self._tasks.values())
+        for task in tasks:  # only those not started yet are cancelled (the lanes queue them)
+            task.cancel()
         with self._lock:
             cancelled = [digest for digest, task in self._tasks.items() if task.cancelled()]
             abandoned = [(self._inflight.pop(digest), self._tasks.pop(digest)) for digest in cancelled
@@ -191,39 +200,3 @@ class Prefetcher:
                 self._reserved -= size
         for (_, _, future), _ in abandoned:
             future.set_result(False)
-
-
-def staging_fetcher(read: Read, streams: int, prefetcher: Prefetcher | None = None) -> SegmentFetcher:
-    """The segments of a checked manifest for staging: prefetched ones first (no download), then those still in
-    flight (awaited, not fetched twice), the rest read over ``streams`` streams."""
-
-    def fetch(version: int, refs: Sequence[SegmentRef]) -> Iterator[tuple[SegmentRef, bytes]]:
-        held, pending = prefetcher.claim(version, refs) if prefetcher is not None else ({}, {})
-        by_digest = {ref.digest: ref for ref in refs}
-        for digest, data in held.items():
-            yield by_digest[digest], data
-
-        def after(ref: SegmentRef, started: Future) -> bytes:
-            if started.result() and prefetcher is not None:
-                data = prefetcher.take(ref.digest)
-                if data is not None:
-                    return data
-            return read(ref)
-
-        rest = [ref for ref in refs if ref.digest not in held]
-        if not rest:
-            return
-        with ThreadPoolExecutor(max_workers=min(streams, len(rest)), thread_name_prefix="aurora-stage") as pool:
-            futures = {(pool.submit(after, ref, pending[ref.digest]) if ref.digest in pending
-                        else pool.submit(read, ref)): ref for ref in rest}
-            try:
-                waiting = set(futures)
-                while waiting:
-                    done, waiting = wait(waiting, return_when=FIRST_COMPLETED)
-                    for future in done:
-                        yield futures[future], future.result()
-            finally:
-                for future in futures:
-                    future.cancel()
-
-    return fetch

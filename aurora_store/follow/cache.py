@@ -1,5 +1,5 @@
-"""Where an actor reads one segment from: its relay's hot cache first (cut-through, before the regional write
-completes), then its bucket. Every byte is checked against the segment's SHA-256 whatever served it: a
+"""The client of a relay's hot cache: a :class:`~aurora_store.follow.sources.SegmentSource` serving segments
+before the regional write completes (cut-through). Every byte is checked against the segment's SHA-256: a
 cache that answers wrong bytes, slowly or not at all only costs the bucket read."""
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from urllib.parse import urlsplit
 
 from aurora_store.codec.manifest import SegmentRef
 from aurora_store.metrics import Metrics
-from aurora_store.store import DeltaStore
 
-log = logging.getLogger("aurora.actor.segments")
+log = logging.getLogger("aurora.follow.cache")
 
 
 class RelayCache:
-    """Client of a relay's ``/segments/<sha256>`` endpoint (see :mod:`workers.relay.serve`)."""
+    """Client of a relay's ``/segments/<sha256>`` endpoint (served by the relay process)."""
+
+    label = "relay_cache"
 
     def __init__(self, url: str, token: str, metrics: Metrics, timeout_s: float = 5.0) -> None:
         parts = urlsplit(url)
@@ -57,13 +58,3 @@ class RelayCache:
             return None
         self.metrics.relay_cache_reads.labels("hit").inc()
         return data
-
-
-def read_segment(ref: SegmentRef, store: DeltaStore, cache: RelayCache | None) -> tuple[bytes, str]:
-    """``ref``'s bytes, verified, and what served them (``relay_cache`` or ``bucket``): the cache first, the
-    bucket on a miss, an error, a timeout or wrong bytes. The bucket's own failures raise (its caller falls
-    back to the source bucket)."""
-    data = cache.get(ref) if cache is not None else None
-    if data is not None:
-        return data, "relay_cache"
-    return store.get_segment(ref), "bucket"

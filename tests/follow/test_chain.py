@@ -1,7 +1,7 @@
-"""An actor's regional copy of a version that is unparseable (1e400, 200,000 levels deep), unsigned or of
-another run is read from the source bucket of the actor's own configuration instead, and the fallback is
-logged (issue 17, cases 2 and 3). Before, OverflowError and RecursionError escaped the fallback and the
-actor's guard made it exit 3."""
+"""A follower's regional copy of a version that is unparseable (1e400, 200,000 levels deep), unsigned or of
+another run is read from the source bucket of its chain instead, and the fallback is reported (issue 17,
+cases 2 and 3). Before, OverflowError and RecursionError escaped the fallback and the actor's guard made it
+exit 3."""
 
 from __future__ import annotations
 
@@ -9,18 +9,14 @@ import dataclasses
 
 import pytest
 
-from aurora_store.bus import ControlPlane
 from aurora_store.codec import CodecParams, ModelLayout, TensorTarget, digest_state, pieces_from_states
 from aurora_store.codec.document import canonical_json
 from aurora_store.errors import SignatureError
+from aurora_store.follow import BucketChain, Follower, Step
 from aurora_store.store import DeltaStore, object_names, open_bucket
 from aurora_store.store.publisher import VersionPublisher
-from aurora_store.store.replay import stage_version
 from aurora_store.testing.builders import TINY_QWEN3, perturb, random_state
 from aurora_store.trust import Signer, Verifier, write_keypair
-from workers.actor.sources import VersionSources
-
-pytestmark = [pytest.mark.redis]
 
 LAYOUT = ModelLayout.from_config(TINY_QWEN3)
 
@@ -59,41 +55,30 @@ def buckets(tmp_path):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_bad_regional_manifest_is_read_from_the_source_bucket(buckets, redis_url, kind):
+def test_bad_regional_manifest_is_read_from_the_source_bucket(buckets, kind):
     source, regional, signer, verifier, old = buckets
     real = source.manifest(1)
     for ref in real.segments:  # the segments are fine; only the manifest is hostile
         regional.put_segment(ref, source.get_segment(ref))
     regional.put_layout(LAYOUT)
     regional.create_object(object_names.delta(1), _hostile(kind, real, signer))
-    plane = ControlPlane(redis_url, "A")
-    try:
-        sources = VersionSources(regional, source, "eu-west", "us-east", plane, "eu-west-1")
-        target = TensorTarget.from_state(LAYOUT, {k: v.clone() for k, v in old.items()}, version=0)
-        read_from = []
-
-        def fetch(store):
-            read_from.append(store.url)
-            return stage_version(store, 1, target, verify_manifest=verifier)
-
-        staged = sources.read(1, fetch)
-        assert staged.weights_digest == real.weights_digest
-        assert read_from == [regional.url, source.url]
-        events = [e for e in plane.run_log() if e.get("kind") == "refetch_source"]
-        assert [(e["actor"], e["version"]) for e in events] == [("eu-west-1", "1")]
-        assert events[0]["error"] in ("ManifestError", "SignatureError")
-    finally:
-        plane.close()
+    refetched: list[tuple[int, str]] = []
+    chain = BucketChain(regional, source, on_refetch=lambda v, exc: refetched.append((v, type(exc).__name__)))
+    reads: list[str] = []
+    follower = Follower(chain, verify=verifier, on_read=lambda label, _n: reads.append(label))
+    follower.attach(TensorTarget.from_state(LAYOUT, {k: v.clone() for k, v in old.items()}, version=0))
+    staged = follower.stage(Step(1))
+    assert staged.weights_digest == real.weights_digest
+    # the regional manifest was refused before any of its segments was fetched; the source's were read once
+    assert len(reads) == len(real.segments)
+    assert [v for v, _ in refetched] == [1]
+    assert refetched[0][1] in ("ManifestError", "SignatureError")
 
 
-def test_without_a_source_bucket_the_typed_error_reaches_the_caller(buckets, redis_url):
+def test_without_a_source_bucket_the_typed_error_reaches_the_caller(buckets):
     source, regional, signer, verifier, old = buckets
     regional.create_object(object_names.delta(1), _hostile("foreign-run", source.manifest(1), signer))
-    plane = ControlPlane(redis_url, "A")
-    try:
-        sources = VersionSources(regional, None, "eu-west", "us-east", plane, "eu-west-1")
-        target = TensorTarget.from_state(LAYOUT, {k: v.clone() for k, v in old.items()}, version=0)
-        with pytest.raises(SignatureError, match="another-run"):
-            sources.read(1, lambda store: stage_version(store, 1, target, verify_manifest=verifier))
-    finally:
-        plane.close()
+    follower = Follower(BucketChain(regional), verify=verifier)
+    follower.attach(TensorTarget.from_state(LAYOUT, {k: v.clone() for k, v in old.items()}, version=0))
+    with pytest.raises(SignatureError, match="another-run"):
+        follower.stage(Step(1))

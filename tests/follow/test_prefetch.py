@@ -12,13 +12,13 @@ import pytest
 
 from aurora_store.codec import CodecParams, ModelLayout, TensorTarget, digest_state, pieces_from_states
 from aurora_store.codec.manifest import SegmentRef
+from aurora_store.follow import Prefetcher, RelayCache, SegmentReader
+from aurora_store.follow.stage import stage_version
 from aurora_store.metrics import Metrics
 from aurora_store.store import DeltaStore, object_names, open_bucket
 from aurora_store.store.publisher import VersionPublisher
-from aurora_store.store.replay import stage_version
 from aurora_store.testing.builders import TINY_QWEN3, perturb, random_state
-from workers.actor.prefetch import Prefetcher, staging_fetcher
-from workers.actor.segments import RelayCache, read_segment
+from tests.follow.helpers import staging_fetcher
 from workers.relay.relay import SegmentCache
 from workers.relay.serve import CacheServer
 
@@ -27,16 +27,18 @@ TOKEN = "run-token"
 
 
 class CountingReads:
-    """The actor's read chain (relay cache, then bucket), counting what each source served."""
+    """A follower's read chain (relay cache, then bucket), counting what each source served."""
 
     def __init__(self, store: DeltaStore, cache: RelayCache | None = None) -> None:
-        self.store, self.cache = store, cache
+        self.store = store
         self.served: dict[str, int] = {"relay_cache": 0, "bucket": 0}
+        self.reader = SegmentReader(lambda _store: [cache] if cache is not None else [], self._served)
+
+    def _served(self, label: str, _nbytes: int) -> None:
+        self.served[label] += 1
 
     def __call__(self, ref: SegmentRef) -> bytes:
-        data, source = read_segment(ref, self.store, self.cache)
-        self.served[source] += 1
-        return data
+        return self.reader.read(self.store, ref)
 
 
 @pytest.fixture()
@@ -78,7 +80,7 @@ def test_prefetched_segments_are_staged_without_a_second_download(unpublished):
         store.bucket.delete(object_names.segment(ref.digest))
     fetched_before = dict(reads.served)
     target = TensorTarget.from_state(LAYOUT, {k: v.clone() for k, v in old.items()}, version=0)
-    staged = stage_version(store, 1, target, fetch=staging_fetcher(reads, 2, prefetcher))
+    staged = stage_version(store, 1, target, fetch=staging_fetcher(reads.store, 2, prefetcher, read=reads))
     assert staged.weights_digest == manifest.weights_digest
     assert reads.served == fetched_before == {"relay_cache": 0, "bucket": len(part.segments) + 1}
     assert prefetcher.used_bytes == manifest.segment_bytes
@@ -95,7 +97,7 @@ def test_a_reader_that_missed_the_announcements_stages_from_the_bucket(unpublish
     manifest = publisher.publish_parts(1, 0, digest_state(LAYOUT, old), [part]).manifest
     reads = CountingReads(store)
     target = TensorTarget.from_state(LAYOUT, {k: v.clone() for k, v in old.items()}, version=0)
-    staged = stage_version(store, 1, target, fetch=staging_fetcher(reads, 2, prefetcher))
+    staged = stage_version(store, 1, target, fetch=staging_fetcher(reads.store, 2, prefetcher, read=reads))
     assert staged.weights_digest == manifest.weights_digest
     assert reads.served["bucket"] == len(part.segments) - 1 and prefetcher.used_bytes == part.segments[0].size
 
@@ -154,7 +156,7 @@ def test_wrong_bytes_from_the_cache_are_refused_for_the_buckets(unpublished, rel
     reads = CountingReads(store, RelayCache(url, TOKEN, metrics))
     manifest = publisher.publish_parts(1, 0, digest_state(LAYOUT, old), [part]).manifest
     target = TensorTarget.from_state(LAYOUT, {k: v.clone() for k, v in old.items()}, version=0)
-    staged = stage_version(store, 1, target, fetch=staging_fetcher(reads, 2))
+    staged = stage_version(store, 1, target, fetch=staging_fetcher(reads.store, 2, read=reads))
     assert staged.weights_digest == manifest.weights_digest
     assert metrics.relay_cache_reads.labels("corrupt")._value.get() == 1
     assert metrics.relay_cache_reads.labels("hit")._value.get() == 1
@@ -169,7 +171,9 @@ def test_a_wrong_token_or_a_dead_cache_falls_through_to_the_bucket(unpublished, 
     cache.put(ref.digest, store.get_segment(ref))
     for client in (RelayCache(url, "not-the-token", Metrics("actor", "t")),
                    RelayCache("http://127.0.0.1:9", TOKEN, Metrics("actor", "t"), timeout_s=1.0)):
-        data, source = read_segment(ref, store, client)
+        reads = CountingReads(store, client)
+        data = reads(ref)
+        source = next(label for label, n in reads.served.items() if n)
         assert source == "bucket" and hashlib.sha256(data).hexdigest() == ref.digest
         assert client.metrics.relay_cache_reads.labels("error")._value.get() == 1
 
@@ -180,15 +184,17 @@ def test_a_closed_prefetcher_ignores_offers_and_releases_its_waiters():
     reads them itself, instead of leaving it waiting for ever."""
     import threading
 
-    release = threading.Event()
+    release, started = threading.Event(), threading.Event()
 
     def slow_read(ref: SegmentRef) -> bytes:
+        started.set()
         release.wait(10)
         return b"x" * ref.size
 
     refs = [SegmentRef(hashlib.sha256(bytes([i])).hexdigest(), 4, ()) for i in range(3)]
     prefetcher = Prefetcher(streams=1, budget_bytes=1 << 20, metrics=Metrics("actor", "t"))
     assert all(prefetcher.offer(1, ref, slow_read) for ref in refs)  # one runs, two queue behind it
+    assert started.wait(10)
     _, pending = prefetcher.claim(1, refs)
     prefetcher.close()
     assert not prefetcher.offer(2, SegmentRef("ab" * 32, 4, ()), slow_read)

@@ -30,10 +30,10 @@ from aurora_store.codec.params import CodecParams
 from aurora_store.codec.segment import unpack
 from aurora_store.codec.target import WeightTarget
 from aurora_store.errors import AuroraError
+from aurora_store.follow.prefetch import Prefetcher
 from aurora_store.metrics import Metrics
-from workers.actor.prefetch import Prefetcher
 
-log = logging.getLogger("aurora.actor.ahead")
+log = logging.getLogger("aurora.follow.ahead")
 
 #: Bytes decoding keeps per changed element beside the segment: an int64 index and the new 16-bit pattern
 #: (the old pattern is gathered only while hashing).

@@ -13,13 +13,13 @@ import pytest
 
 from aurora_store.codec import CodecParams, ModelLayout, activate, digest_state, pieces_from_states, stage
 from aurora_store.errors import AuroraError, DigestMismatchError, ManifestError
+from aurora_store.follow import DecodeAhead, Prefetcher
+from aurora_store.follow.stage import stage_version
 from aurora_store.metrics import Metrics
 from aurora_store.store import DeltaStore, object_names, open_bucket
 from aurora_store.store.publisher import VersionPublisher
-from aurora_store.store.replay import stage_version
 from aurora_store.testing.builders import TINY_QWEN3, blobs, encode, perturb, random_state, target_for
-from workers.actor.ahead import DecodeAhead
-from workers.actor.prefetch import Prefetcher, staging_fetcher
+from tests.follow.helpers import staging_fetcher
 
 LAYOUT = ModelLayout.from_config(TINY_QWEN3)
 PARAMS = CodecParams(segment_bytes=4096)
@@ -87,7 +87,7 @@ def test_segments_decoded_before_the_manifest_are_only_checked_after_it(run):
     kept = {ref.digest: run.store.get_segment(ref) for ref in part.segments}
     for ref in part.segments:  # staging cannot download anything
         run.store.bucket.delete(object_names.segment(ref.digest))
-    staged = stage_version(run.store, 1, target, fetch=staging_fetcher(run.store.get_segment, 2, prefetcher),
+    staged = stage_version(run.store, 1, target, fetch=staging_fetcher(run.store, 2, prefetcher),
                            decode=ahead.stage)
     assert ahead.last_decoded_ahead == len(part.segments) == metrics.decoded_ahead._value.get()
     assert_same_bits(staged, stage(manifest, kept, target_for(LAYOUT, run.states[0], 0)))
@@ -155,7 +155,7 @@ def test_an_activation_discards_what_was_decoded_against_the_old_weights(run):
     prefetcher.release(prefetcher.budget_bytes)
     manifest = run.publish(1, part)
     with pytest.raises(AuroraError):  # made for version 0's weights: never staged on these
-        stage_version(run.store, 1, target, fetch=staging_fetcher(run.store.get_segment, 2, prefetcher),
+        stage_version(run.store, 1, target, fetch=staging_fetcher(run.store, 2, prefetcher),
                       decode=ahead.stage)
     assert manifest.base_version == 0 and target.full_digest() == digest_state(LAYOUT, other)
 
@@ -167,7 +167,7 @@ def test_segments_held_for_a_later_version_are_decoded_once_it_is_next(run):
     wait_until(lambda: prefetcher.held_bytes() == sum(ref.size for ref in second.segments))
     assert ahead.decoded() == 0
     run.publish(1, first)
-    staged = stage_version(run.store, 1, target, fetch=staging_fetcher(run.store.get_segment, 2, prefetcher),
+    staged = stage_version(run.store, 1, target, fetch=staging_fetcher(run.store, 2, prefetcher),
                            decode=ahead.stage)
     assert ahead.last_decoded_ahead == 0
     with ahead.writing():
@@ -176,7 +176,7 @@ def test_segments_held_for_a_later_version_are_decoded_once_it_is_next(run):
     assert ahead.resume() == len(second.segments)
     wait_until(lambda: ahead.decoded() == len(second.segments))
     run.publish(2, second)
-    staged = stage_version(run.store, 2, target, fetch=staging_fetcher(run.store.get_segment, 2, prefetcher),
+    staged = stage_version(run.store, 2, target, fetch=staging_fetcher(run.store, 2, prefetcher),
                            decode=ahead.stage)
     assert ahead.last_decoded_ahead == len(second.segments)
     with ahead.writing():
@@ -192,7 +192,7 @@ def test_decoded_data_counts_against_the_budget(run):
     wait_until(lambda: prefetcher.held_bytes() == budget - 16)
     assert ahead.decoded() == 0 and ahead.over_budget == len(part.segments)
     manifest = run.publish(1, part)
-    staged = stage_version(run.store, 1, target, fetch=staging_fetcher(run.store.get_segment, 2, prefetcher),
+    staged = stage_version(run.store, 1, target, fetch=staging_fetcher(run.store, 2, prefetcher),
                            decode=ahead.stage)
     assert staged.weights_digest == manifest.weights_digest and ahead.last_decoded_ahead == 0
     assert metrics.decoded_ahead._value.get() == 0
@@ -204,7 +204,7 @@ def test_a_staging_does_not_wait_for_decodes_that_have_not_started(run):
     offer_all(prefetcher, run, 2, second)
     wait_until(lambda: prefetcher.held_bytes() == sum(ref.size for ref in second.segments))
     run.publish(1, first)
-    staged = stage_version(run.store, 1, target, fetch=staging_fetcher(run.store.get_segment, 2, prefetcher),
+    staged = stage_version(run.store, 1, target, fetch=staging_fetcher(run.store, 2, prefetcher),
                            decode=ahead.stage)
     with ahead.writing():
         activate(staged, target)
@@ -215,7 +215,7 @@ def test_a_staging_does_not_wait_for_decodes_that_have_not_started(run):
     assert ahead.resume() == len(second.segments)
     run.publish(2, second)
     try:
-        staged = stage_version(run.store, 2, target, fetch=staging_fetcher(run.store.get_segment, 2, prefetcher),
+        staged = stage_version(run.store, 2, target, fetch=staging_fetcher(run.store, 2, prefetcher),
                                decode=ahead.stage)
     finally:
         busy.set()

@@ -1,4 +1,7 @@
-"""Fetching and applying published versions onto a weight target."""
+"""Staging one published version against a weight target: a delta (manifest checked, segments fetched and
+verified, decoded, the digest after applying checked) or a full snapshot (diffed against the target's bits).
+Nothing here writes the target; :func:`~aurora_store.codec.activate` does, at the caller's boundary. Only
+:class:`~aurora_store.follow.Follower` sequences these steps."""
 
 from __future__ import annotations
 
@@ -8,12 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from safetensors.torch import load as load_safetensors
 
-from aurora_store.codec.decoder import StagedDelta, StagedSnapshot, TensorUpdate, activate, check_applicable, stage
+from aurora_store.codec.decoder import StagedDelta, StagedSnapshot, TensorUpdate, check_applicable, stage
 from aurora_store.codec.digest import WeightsDigest, hash_elements
 from aurora_store.codec.manifest import DeltaManifest, SegmentRef
 from aurora_store.codec.target import TensorTarget, WeightTarget
 from aurora_store.errors import BaseVersionMismatchError, DigestMismatchError, LayoutMismatchError
-from aurora_store.progress import Progress
 from aurora_store.store.snapshots import SnapshotManifest, read_snapshot_file, read_snapshot_manifest
 from aurora_store.store.transfer import fetch_segments
 from aurora_store.store.versions import DeltaStore
@@ -27,30 +29,25 @@ SegmentFetcher = Callable[[int, Sequence[SegmentRef]], Iterator[tuple[SegmentRef
 Decode = Callable[[DeltaManifest, Iterable[tuple[SegmentRef, bytes]]], StagedDelta]
 
 
-def stage_version(store: DeltaStore, version: int, target: WeightTarget, *, streams: int | None = None,
-                  verify_manifest: ManifestCheck | None = None, progress: bool = False,
-                  on_fetched: Callable[[int], None] | None = None,
-                  fetch: SegmentFetcher | None = None, decode: Decode | None = None) -> StagedDelta:
-    """Fetch ``version`` over parallel streams and stage it against ``target`` (no writes).
+def stage_version(store: DeltaStore, version: int, target: WeightTarget, *,
+                  verify_manifest: ManifestCheck | None = None, fetch: SegmentFetcher | None = None,
+                  decode: Decode | None = None) -> StagedDelta:
+    """Stage delta ``version`` of ``store`` against ``target`` (no writes).
 
     The manifest is checked (signature via ``verify_manifest``, base, layout, base digest) before any
-    segment is downloaded. ``fetch`` replaces the download (an actor's prefetched segments and its relay's
-    cache); ``on_fetched`` and the progress bar then see nothing. ``decode`` replaces :func:`stage` (an actor's
-    decode-ahead); it must make every check ``stage`` makes.
+    segment is fetched. ``fetch`` fetches the segments (the follower's: prefetched bytes, a relay's cache,
+    the bucket; default: the bucket, over its configured streams). ``decode`` replaces :func:`stage`
+    (decode-ahead); it must make every check ``stage`` makes.
     """
     manifest = store.manifest(version)
     if verify_manifest is not None:
         verify_manifest(manifest)
     check_applicable(manifest, target)
-    bar = Progress(manifest.segment_bytes, f"v{version}", interactive=None if progress else False)
     if decode is None:
         decode = lambda checked, segments: stage(checked, segments, target)  # noqa: E731
-    if fetch is not None:
-        return decode(manifest, fetch(version, manifest.segments))
-    with bar:
-        segments = fetch_segments(store, manifest.segments, streams=streams, progress=bar,
-                                  on_fetched=(lambda _ref, n: on_fetched(n)) if on_fetched else None)
-        return decode(manifest, segments)
+    if fetch is None:
+        fetch = lambda _version, refs: fetch_segments(store, refs)  # noqa: E731
+    return decode(manifest, fetch(version, manifest.segments))
 
 
 def stage_snapshot(store: DeltaStore, version: int, target: WeightTarget, *,
@@ -100,13 +97,3 @@ def stage_snapshot(store: DeltaStore, version: int, target: WeightTarget, *,
                           elements=layout.numel, base_weights_digest=str(target.digest),
                           weights_digest=snapshot.weights_digest, updates=tuple(updates),
                           snapshot_bytes=sum(f.size for f in entries))
-
-
-def replay(store: DeltaStore, target: WeightTarget, versions: Iterable[int], **kwargs) -> list[DeltaManifest]:
-    """Apply ``versions`` in order (each must be based on the previous)."""
-    applied = []
-    for version in versions:
-        staged = stage_version(store, version, target, **kwargs)
-        activate(staged, target)
-        applied.append(staged.manifest)
-    return applied

@@ -1,0 +1,338 @@
+"""The one sequence that keeps a set of weights on a run: size → plan (replay vs snapshot) → stage → activate.
+
+A :class:`Follower` reads versions from a :class:`~aurora_store.follow.chain.BucketChain`, fetches segments
+through :func:`~aurora_store.store.transfer.fetch_segments` on the process's transfer pool (prefetched bytes and
+a relay's cache come in as :class:`~aurora_store.store.transfer.HeldSegments` and
+:class:`~aurora_store.follow.sources.SegmentSource`), decodes ahead when it has a prefetcher, stages without
+writing, and activates in place only when the caller says so (a batch boundary) and only on the staged base.
+Every manifest passes the verifier before anything it names is fetched.
+
+The actor, the vLLM backend's pull mode, ``aurora patch`` and the WAN benchmark's agent all go through here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from aurora_store.codec.decoder import Staged, StagedDelta, activate
+from aurora_store.codec.digest import WeightsDigest
+from aurora_store.codec.layout import ModelLayout
+from aurora_store.codec.manifest import DeltaManifest, SegmentRef
+from aurora_store.codec.params import CodecParams
+from aurora_store.codec.target import WeightTarget
+from aurora_store.errors import AuroraError, BaseVersionMismatchError, DigestMismatchError, VersionNotFoundError
+from aurora_store.follow.ahead import DecodeAhead
+from aurora_store.follow.chain import BucketChain
+from aurora_store.follow.plan import CatchUpPlan, plan_catch_up
+from aurora_store.follow.prefetch import Prefetcher
+from aurora_store.follow.sources import OnRead, SegmentReader, SourcesFor
+from aurora_store.follow.stage import stage_snapshot, stage_version
+from aurora_store.metrics import Metrics
+from aurora_store.progress import Progress
+from aurora_store.store.snapshots import SnapshotManifest, load_snapshot, read_snapshot_manifest
+from aurora_store.store.transfer import fetch_segments
+from aurora_store.store.versions import DeltaStore
+
+log = logging.getLogger("aurora.follow")
+
+#: Checks a manifest before anything it names is used (signature, run): raises to refuse it.
+Verify = Callable[[DeltaManifest | SnapshotManifest], None]
+#: Told of each decision worth a run-log line: ``(kind, fields)`` — ``catch_up``, ``catch_up_blocked``.
+OnEvent = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One thing to stage: delta ``version`` (on ``version - 1``), or the full snapshot ``version``."""
+
+    version: int
+    snapshot: bool = False
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """A snapshot downloaded for an engine to load (``model_dir``), and the plan to its goal."""
+
+    store: DeltaStore
+    plan: CatchUpPlan
+    layout: ModelLayout
+    manifest: SnapshotManifest
+    model_dir: Path
+
+
+@dataclass(frozen=True)
+class FollowReport:
+    """What :meth:`Follower.follow_to` did."""
+
+    goal: int
+    kind: Literal["none", "replay", "snapshot"]
+    steps: tuple[Step, ...]
+    store: str
+    stage_s: float
+    activate_s: float
+
+
+class Follower:
+    """Keeps one :class:`~aurora_store.codec.target.WeightTarget` on a run (see the module doc).
+
+    ``sources_for(store)`` names the segment sources to try before ``store`` (a relay's cache); ``on_read`` is
+    told of each segment read and what served it. ``prefetcher`` (optional) holds segments announced before
+    their manifest; with it the follower also decodes the next version's segments ahead against the active
+    weights. ``on_bytes`` is told of every byte downloaded (segments, prefetched or not, snapshots, manifests).
+    """
+
+    def __init__(self, chain: BucketChain, *, verify: Verify | None = None, streams: int | None = None,
+                 sources_for: SourcesFor | None = None, on_read: OnRead | None = None,
+                 prefetcher: Prefetcher | None = None,
+                 metrics: Metrics | None = None, on_event: OnEvent | None = None,
+                 on_bytes: Callable[[int], None] | None = None, progress: bool = False) -> None:
+        self.chain = chain
+        self.progress = progress  # a progress bar per version on an interactive terminal
+        self.verify = verify
+        self.streams = streams or chain.regional.settings.streams
+        self._on_read = on_read
+        self.reader = SegmentReader(sources_for, self._read)
+        self.prefetcher = prefetcher
+        self.metrics = metrics
+        self._on_event = on_event
+        self._on_bytes = on_bytes
+        self._target: WeightTarget | None = None
+        self.ahead: DecodeAhead | None = None
+        self.decoded_ahead = 0  # segments the last staging found decoded already
+        self._sizes: dict[tuple[str, str, int], int] = {}  # (bucket, kind, version) → download bytes
+        self._planned: tuple[int, int] | None = None  # (active version, goal) of the last catch-up decision
+        self._blocked: int | None = None  # active version at which no catch-up path was found (said once)
+
+    # --- the target --------------------------------------------------------------------------------
+
+    @property
+    def target(self) -> WeightTarget:
+        if self._target is None:
+            raise AuroraError("the follower has no target yet: attach one first")
+        return self._target
+
+    @property
+    def attached(self) -> bool:
+        return self._target is not None
+
+    def bootstrap(self, store: DeltaStore, goal: int, download_dir: Path) -> Bootstrap:
+        """Plan from nothing to ``goal`` (a snapshot, then deltas) and download that snapshot's files into
+        ``download_dir`` for an engine to load; its signed manifest is verified first."""
+        snapshots = {s: self._size(store, "snapshot", s) for s in store.snapshot_versions() if s <= goal}
+        plan = plan_catch_up(None, goal, {v: self._size(store, "delta", v) for v in store.versions() if v <= goal},
+                             snapshots)
+        assert plan.snapshot is not None  # from nothing, every plan starts at a snapshot
+        snapshot = read_snapshot_manifest(store, plan.snapshot)
+        if self.verify is not None:
+            self.verify(snapshot)
+        layout = store.layout(snapshot.layout_fingerprint)  # checked against the signed fingerprint
+        model_dir = download_dir / f"snapshot-{plan.snapshot}"
+        _, manifest = load_snapshot(store, plan.snapshot, layout, download_dir=model_dir,
+                                    verify_manifest=self.verify)
+        self._count(manifest.total_bytes)
+        return Bootstrap(store, plan, layout, manifest, model_dir)
+
+    def attach(self, target: WeightTarget, boot: Bootstrap | None = None) -> None:
+        """Follow the run onto ``target``. After :meth:`bootstrap`: the target holds the snapshot's weights
+        (checked from scratch against its digest), then the plan's deltas are replayed onto it. Without: the
+        target already declares its version and digest."""
+        self._target = target
+        codec = None
+        if boot is not None:
+            target.version = boot.plan.snapshot
+            target.digest = WeightsDigest.parse(boot.manifest.weights_digest)
+            if target.full_digest() != target.digest:
+                raise DigestMismatchError("the engine's weights differ from the snapshot it loaded")
+            for version in boot.plan.deltas:
+                staged = self._stage_delta(boot.store, version)
+                self._write(staged)
+                codec = staged.manifest.codec
+        if self.prefetcher is not None and self.ahead is None:  # decode-ahead needs the run's verified codec
+            store = boot.store if boot is not None else self.chain.store()
+            self.ahead = DecodeAhead(target, self.prefetcher, self.prefetcher.metrics,
+                                     codec or self._codec_of(store, target.version))
+
+    def _codec_of(self, store: DeltaStore, version: int | None) -> CodecParams | None:
+        """The codec of ``version``'s verified delta manifest, if the bucket still has one."""
+        if version is None or version < 1:
+            return None
+        try:
+            manifest = store.manifest(version)
+            if self.verify is not None:
+                self.verify(manifest)
+        except AuroraError as exc:
+            log.info("no codec for decode-ahead yet", extra={"error": str(exc)})
+            return None
+        return manifest.codec
+
+    # --- announcements ------------------------------------------------------------------------------
+
+    def offer(self, version: int, ref: SegmentRef) -> bool:
+        """A segment of ``version`` was announced: prefetch it if the version is newer than the active one."""
+        if self.prefetcher is None or self._target is None or version <= (self._target.version or -1):
+            return False
+        store = self.chain.store()
+        return self.prefetcher.offer(version, ref, lambda r: self.reader.read(store, r))
+
+    # --- deciding what to stage ---------------------------------------------------------------------
+
+    def next_step(self, want: int, cause: Literal["next", "behind", "missing"]) -> Step | None:
+        """What to stage next on the way to the bucket's newest version, ``want`` being the active version + 1:
+        the delta ``want`` when it is next and present (``cause="next"``), else the cheapest path by bytes
+        (``behind``: the bucket is further ahead; ``missing``: the last attempt found ``want`` absent — still
+        copying, or removed by a gc). ``None``: nothing reachable yet, look again later."""
+        if cause == "next":
+            return Step(want)
+        try:
+            plan = self.plan(cause)
+        except VersionNotFoundError as exc:
+            # Neither the chain nor a snapshot reaches the bucket's newest version from here (yet): wait.
+            current = self.target.version
+            if self._blocked != current:  # said once per active version, not every retry
+                self._blocked = current
+                log.warning("no catch-up path", extra={"error": str(exc), "version": current})
+                self._event("catch_up_blocked", version=current, cause=cause, error=str(exc)[:200])
+            return None
+        if plan is not None and plan.kind == "snapshot" and plan.snapshot is not None:
+            return Step(plan.snapshot, snapshot=True)
+        if plan is None and cause == "missing":
+            return None  # not in this bucket yet (relay still copying)
+        return Step(want)
+
+    def plan(self, cause: str) -> CatchUpPlan | None:
+        """Replay or snapshot, by bytes, from the active version to the newest version the current bucket
+        holds. ``None`` when there is nothing to decide (not behind, or the next version is not there yet, or
+        decided already). Raises :class:`VersionNotFoundError` when no snapshot or delta chain reaches it."""
+        store = self.chain.store()
+        current = self.target.version
+        if current is None:
+            raise VersionNotFoundError("the target declares no version: nothing to plan from")
+        deltas = store.versions(after=current)
+        snapshots = [s for s in store.snapshot_versions() if s > current]
+        goal = max(deltas[-1:] + snapshots[-1:], default=None)
+        if goal is None or goal <= current + (1 if cause == "behind" else 0):
+            return None
+        if self._planned == (current, goal) and cause == "behind":
+            return None  # decided already; the caller is carrying it out
+        plan = plan_catch_up(current, goal, {v: self._size(store, "delta", v) for v in deltas if v <= goal},
+                             {s: self._size(store, "snapshot", s) for s in snapshots if s <= goal})
+        self._planned = (current, goal)
+        if self.metrics is not None:
+            self.metrics.catch_up.labels(plan.kind, cause).inc()
+        self._event("catch_up", version=current, goal=goal, cause=cause, path=plan.kind, snapshot=plan.snapshot,
+                    deltas=len(plan.deltas), bytes=plan.bytes, replay_bytes=plan.replay_bytes, bucket=store.url)
+        log.info("catch-up from %d to %d: %s", current, goal, plan.kind,
+                 extra={"cause": cause, "snapshot": plan.snapshot, "bytes": plan.bytes,
+                        "replay_bytes": plan.replay_bytes})
+        return plan
+
+    def _size(self, store: DeltaStore, kind: str, version: int) -> int:
+        """Download bytes of a delta or snapshot (manifests are immutable: read once)."""
+        key = (store.url, kind, version)
+        if key not in self._sizes:
+            self._sizes[key] = (store.delta_bytes(version) if kind == "delta"
+                                else read_snapshot_manifest(store, version).total_bytes)
+        return self._sizes[key]
+
+    # --- staging and activation ---------------------------------------------------------------------
+
+    def stage(self, step: Step, *, full_sync: bool = False) -> Staged:
+        """Stage ``step`` from the current bucket (no writes); a bad copy there is re-read from the source
+        bucket. ``full_sync``: stage the delta's version from its full snapshot instead (the full-broadcast
+        baseline)."""
+        snapshot = step.snapshot or full_sync
+        return self.chain.read(step.version, lambda store: self._stage_from(store, step.version, snapshot))
+
+    def _stage_from(self, store: DeltaStore, version: int, snapshot: bool) -> Staged:
+        self.decoded_ahead = 0
+        if snapshot:
+            staged = stage_snapshot(store, version, self.target, streams=self.streams, verify_manifest=self.verify)
+            self._count(staged.snapshot_bytes)
+            return staged
+        return self._stage_delta(store, version)
+
+    def _stage_delta(self, store: DeltaStore, version: int) -> StagedDelta:
+        def segments(v: int, refs: Sequence[SegmentRef]) -> Iterator[tuple[SegmentRef, bytes]]:
+            bar = Progress(sum(ref.size for ref in refs), f"v{v}", interactive=None if self.progress else False)
+            with bar:
+                yield from fetch_segments(store, refs, streams=self.streams, held=self.prefetcher, version=v,
+                                          read=lambda ref: self.reader.read(store, ref), progress=bar)
+
+        ahead = self.ahead
+        staged = stage_version(store, version, self.target, verify_manifest=self.verify, fetch=segments,
+                               decode=ahead.stage if ahead is not None else None)
+        self.decoded_ahead = ahead.last_decoded_ahead if ahead is not None else 0
+        self._count(len(staged.manifest.to_bytes()))
+        return staged
+
+    def activate(self, staged: Staged) -> bool:
+        """Write ``staged`` into the target in place — only if the target is at its base (``False``
+        otherwise: the caller drops it). Waits for decodes against the old weights and drops them."""
+        target = self.target
+        if staged.base_version != target.version:
+            return False
+        self._write(staged)
+        if self.prefetcher is not None:
+            self.prefetcher.retire(staged.version)
+        return True
+
+    def _write(self, staged: Staged) -> None:
+        target = self.target
+        with self.ahead.writing() if self.ahead is not None else contextlib.nullcontext():
+            try:
+                activate(staged, target)
+            except AuroraError:
+                target.version = None  # the writes' outcome is unknown: no delta applies to unknown weights
+                raise
+        if self.ahead is not None:  # before the next staging can start on the new base
+            self.ahead.resume()
+
+    def follow_to(self, goal: int, *, store: DeltaStore | None = None, snapshots: bool = True) -> FollowReport:
+        """Bring the target to ``goal`` now: plan by bytes from its version (``snapshots=False``: deltas
+        only), then stage and activate each step in order, from ``store`` (default: the chain's current
+        bucket; a bad copy there is re-read from the source)."""
+        source = store or self.chain.store()
+        current = self.target.version
+        sizes = {s: self._size(source, "snapshot", s) for s in source.snapshot_versions() if s <= goal} \
+            if snapshots else {}
+        plan = plan_catch_up(current, goal, {v: self._size(source, "delta", v) for v in source.versions()
+                                             if v <= goal and (current is None or v > current)}, sizes)
+        steps = ([Step(plan.snapshot, snapshot=True)] if plan.snapshot is not None else [])
+        steps += [Step(v) for v in plan.deltas]
+        stage_s = activate_s = 0.0
+        for step in steps:
+            t0 = time.perf_counter()
+            if store is not None:
+                staged = self._stage_from(store, step.version, step.snapshot)
+            else:
+                staged = self.stage(step)
+            t1 = time.perf_counter()
+            if not self.activate(staged):
+                raise BaseVersionMismatchError(f"version {staged.version} is not based on the target's "
+                                           f"{self.target.version}")
+            stage_s += t1 - t0
+            activate_s += time.perf_counter() - t1
+        return FollowReport(goal, plan.kind, tuple(steps), source.url, stage_s, activate_s)
+
+    def close(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        if self._on_event is not None:
+            self._on_event(kind, fields)
+
+    def _read(self, label: str, nbytes: int) -> None:
+        self._count(nbytes)
+        if self._on_read is not None:
+            self._on_read(label, nbytes)
+
+    def _count(self, nbytes: int) -> None:
+        if self._on_bytes is not None:
+            self._on_bytes(nbytes)
