@@ -138,7 +138,7 @@ def test_entry_points_are_read_on_a_miss_and_import_only_that_scheme(tmp_path, m
         registry.open("brokenfs:///x")
     install_entry_point(tmp_path / "other-site", "epfs", "other.package:from_url", distribution="other_bucket")
     monkeypatch.syspath_prepend(str(tmp_path / "other-site"))
-    with pytest.raises(ConfigError, match="several 'aurora_store.buckets' entry points"):
+    with pytest.raises(ConfigError, match=r"several 'aurora_store\.buckets' entry points"):
         BucketRegistry().open("epfs:///x")
 
 
