@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from aurora_store.config import TransferSettings
 from aurora_store.errors import (
     BucketNotFoundError,
     ConfigError,
@@ -25,6 +26,7 @@ from aurora_store.errors import (
     TransientStoreError,
 )
 from aurora_store.store.base import Bucket, Capabilities, check_key
+from aurora_store.store.registry import BucketURL
 
 T = TypeVar("T")
 
@@ -39,6 +41,15 @@ def _http_errors() -> tuple[type[Exception], ...]:
     except ImportError:  # a caller-supplied fs without gcsfs installed
         return ()
     return (HttpError,)
+
+
+def from_url(url: BucketURL, *, create: bool, settings: TransferSettings | None) -> GCSBucket:
+    """``gs://bucket/prefix[?option=…]`` (also ``gcs://``): every option goes to gcsfs as given (a string).
+    ``create`` is not honoured: buckets are provisioned by infrastructure."""
+    if not url.netloc:
+        raise ConfigError(f"GCS URL without a bucket name: {url.url}")
+    options: dict[str, Any] = dict(url.query)  # strings, as given: gcsfs parses what it takes
+    return GCSBucket(url.netloc, url.path, **options)
 
 
 class GCSBucket(Bucket):

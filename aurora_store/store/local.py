@@ -15,10 +15,19 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from aurora_store.errors import BucketNotFoundError, ObjectExistsError, ObjectNotFoundError, StoreError
+from aurora_store.config import TransferSettings
+from aurora_store.errors import BucketNotFoundError, ConfigError, ObjectExistsError, ObjectNotFoundError, StoreError
 from aurora_store.store.base import Bucket, Capabilities, check_key
+from aurora_store.store.registry import BucketURL
 
 _TMP_PREFIX = ".aurora-tmp-"
+
+
+def from_url(url: BucketURL, *, create: bool, settings: TransferSettings | None) -> LocalBucket:
+    """``file:///dir`` (``file://localhost/dir``), or a bare path, Windows drive paths included."""
+    if url.scheme == "file" and url.netloc not in ("", "localhost"):
+        raise ConfigError(f"file URLs must be local: {url.url}")
+    return LocalBucket(url.path, create=create)
 
 
 class LocalBucket(Bucket):

@@ -5,12 +5,19 @@ from __future__ import annotations
 import threading
 import time
 
+from aurora_store.config import TransferSettings
 from aurora_store.errors import BucketNotFoundError, ObjectExistsError, ObjectNotFoundError
 from aurora_store.store.base import Bucket, Capabilities, check_key
+from aurora_store.store.registry import BucketURL
 
 _REGISTRY: dict[str, dict[str, bytes]] = {}
 _REGISTRY_LOCK = threading.Lock()
 _MODIFIED: dict[tuple[str, str], float] = {}  # (bucket URL, key) → time of the last write
+
+
+def from_url(url: BucketURL, *, create: bool, settings: TransferSettings | None) -> MemoryBucket:
+    """``memory://NAME`` (``memory://`` alone is the bucket ``default``); options are ignored."""
+    return MemoryBucket((url.netloc + url.path).strip("/") or "default", create=create)
 
 
 class MemoryBucket(Bucket):

@@ -19,6 +19,7 @@ from botocore.config import Config
 from aurora_store.config import TransferSettings
 from aurora_store.errors import (
     BucketNotFoundError,
+    ConfigError,
     ObjectExistsError,
     ObjectNotFoundError,
     StoreAuthError,
@@ -27,10 +28,24 @@ from aurora_store.errors import (
 )
 from aurora_store.store.base import Bucket, Capabilities, check_key
 from aurora_store.store.pool import DEFAULT_WORKERS
+from aurora_store.store.registry import BucketURL
 
 _AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "AllAccessDisabled",
                "ExpiredToken", "InvalidToken"}
 _MISSING_KEY_CODES = {"NoSuchKey", "404", "NotFound"}
+_URL_OPTIONS = {"endpoint_url", "region"}
+
+
+def from_url(url: BucketURL, *, create: bool, settings: TransferSettings | None) -> S3Bucket:
+    """``s3://bucket/prefix[?endpoint_url=…&region=…]``. ``create`` is not honoured: S3 buckets are provisioned
+    by infrastructure, and a missing one is :class:`BucketNotFoundError`."""
+    unknown = set(url.query) - _URL_OPTIONS
+    if unknown:
+        raise ConfigError(f"unknown S3 URL options {sorted(unknown)} in {url.url}")
+    if not url.netloc:
+        raise ConfigError(f"S3 URL without a bucket name: {url.url}")
+    return S3Bucket(url.netloc, url.path, endpoint_url=url.query.get("endpoint_url"), region=url.query.get("region"),
+                    settings=settings)
 
 
 class S3Bucket(Bucket):
