@@ -407,7 +407,7 @@ def flaky_storage(run_dir: Path, quick: bool) -> ScenarioResult:
             home_url = f"s3://home/run?endpoint_url={proxy.endpoint_url}"
             # The relay does not serve its hot cache here: its (good) copy would spare the actor the corrupt
             # regional one, and this scenario is about the bucket path. A corrupt cache read is rejected the
-            # same way (tests/workers/test_prefetch.py).
+            # same way (tests/follow/test_prefetch.py).
             spec = fast_spec(run_dir, steps=steps, actors={"us-east": 1, "eu-west": 1},
                              env={**s3.env()}, bucket_urls={"us-east": home_url,
                                                             "eu-west": str(run_dir / "buckets" / "eu-west")},

@@ -26,10 +26,10 @@ def test_an_actor_whose_stager_crashes_leaves_and_exits_non_zero(tmp_path):
             "--engine", spec.engine, "--cache-dir", str(tmp_path / "cache" / "crashy"),
             *cluster.common, *cluster.trust_args]))
 
-        def bug(version: int):
-            raise RuntimeError(f"injected bug while staging {version}")
+        def bug(step, **_):
+            raise RuntimeError(f"injected bug while staging {step.version}")
 
-        actor._stage = bug
+        actor.follower.stage = bug  # type: ignore[method-assign]
         codes: list[int] = []
         thread = threading.Thread(target=lambda: codes.append(actor.run()), daemon=True)
         thread.start()
@@ -38,7 +38,7 @@ def test_an_actor_whose_stager_crashes_leaves_and_exits_non_zero(tmp_path):
         assert actor.crashed and "injected bug" in actor.crashed
         log = cluster.plane.run_log()
         crash = [e for e in log if e.get("kind") == "actor_crash"]
-        assert crash and crash[0]["actor"] == "crashy" and crash[0]["loop"] == "_stager_loop"
+        assert crash and crash[0]["actor"] == "crashy" and crash[0]["loop"] == "stager"
         assert any(e.get("kind") == "actor_leave" and e.get("actor") == "crashy" for e in log)
         assert "crashy" not in cluster.plane.actors()
         summary = cluster.wait_trainer_done(300)  # nothing it held was lost: the run completes without it

@@ -1,7 +1,7 @@
 """One trainer run without Redis, driven by the tests: the real sharded policy, learner, checkpoint,
 per-rank publisher and sharded snapshot writer on synthetic GRPO batches.
 
-    torchrun --standalone --nproc-per-node 2 -m tests.fsdp.worker SPEC.json     (or plain python: one rank)
+    torchrun --standalone --nproc-per-node 2 -m tests.trainer.fsdp.worker SPEC.json     (or plain python: one rank)
 
 SPEC (JSON): bucket, checkpoint_dir, out, steps, compute_dtype, snapshot_at, resume_from (a step whose
 checkpoint is copied aside and resumed into a fresh model after the run), foreign_checkpoint (a checkpoint
@@ -27,7 +27,7 @@ from aurora_store.codec.sharding import rows_digest
 from aurora_store.errors import ConfigError
 from aurora_store.store import DeltaStore, object_names
 from aurora_store.store.publisher import VersionPublisher
-from tests.fsdp.audit import install
+from tests.trainer.fsdp.audit import install
 from workers.rl.grpo import GRPOConfig, Sample
 from workers.rl.model import DEFAULT_CONFIG, build_model, side_files
 from workers.rl.task import build_tokenizer

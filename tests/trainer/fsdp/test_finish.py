@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow
 
 
 def probe(code: int, ranks: int) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)] if ranks > 1 else []
-    return subprocess.run([sys.executable, *launcher, "-m", "tests.fsdp.finish_probe", str(code)], cwd=ROOT,
+    return subprocess.run([sys.executable, *launcher, "-m", "tests.trainer.fsdp.finish_probe", str(code)], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=180)
 
 

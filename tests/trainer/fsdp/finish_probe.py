@@ -1,5 +1,5 @@
 """A rank that takes part in one gloo gather, reports, and ends through :meth:`Ranks.finish` with the exit
-code given on the command line (``torchrun … -m tests.fsdp.finish_probe CODE``, or plain python: one rank).
+code given on the command line (``torchrun … -m tests.trainer.fsdp.finish_probe CODE``, or plain python: one rank).
 An ``atexit`` hook tells whether the interpreter was finalized."""
 
 from __future__ import annotations

@@ -19,11 +19,11 @@ from aurora_store.codec import ModelLayout, TensorTarget, digest_state
 from aurora_store.follow import follow
 from aurora_store.store import DeltaStore
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
-from tests.fsdp.worker import MODEL_CONFIG
+from tests.trainer.fsdp.worker import MODEL_CONFIG
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 STEPS = 4
 #: torch.distributed collectives that move tensors; a publish may use them only for small JSON metadata.
 WEIGHT_MOVERS = ("all_gather_single", "all_gather_into_tensor", "all_gather_coalesced", "reduce_scatter",
@@ -38,7 +38,7 @@ def launch(tmp: Path, ranks: int, **extra) -> dict[int, dict]:
     (tmp / "spec.json").write_text(json.dumps(spec))
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)] if ranks > 1 else []
-    proc = subprocess.run([sys.executable, *launcher, "-m", "tests.fsdp.worker", str(tmp / "spec.json")], cwd=ROOT,
+    proc = subprocess.run([sys.executable, *launcher, "-m", "tests.trainer.fsdp.worker", str(tmp / "spec.json")], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
     return {r: json.loads((tmp / "out" / f"result-rank{r}.json").read_text()) for r in range(ranks)}
