@@ -38,8 +38,8 @@ def launch(tmp: Path, ranks: int, **extra) -> dict[int, dict]:
     (tmp / "spec.json").write_text(json.dumps(spec))
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)] if ranks > 1 else []
-    proc = subprocess.run([sys.executable, *launcher, "-m", "tests.trainer.fsdp.worker", str(tmp / "spec.json")], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run([sys.executable, *launcher, "-m", "tests.trainer.fsdp.worker", str(tmp / "spec.json")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
     return {r: json.loads((tmp / "out" / f"result-rank{r}.json").read_text()) for r in range(ranks)}
 
