@@ -53,7 +53,7 @@ def plan_catch_up(current: int | None, target: int, delta_bytes: Mapping[int, in
 
     replay = chain_cost(current) if current is not None else None
     best: CatchUpPlan | None = None
-    if replay is not None:
+    if replay is not None and current is not None:
         best = CatchUpPlan(current, target, "replay", None, tuple(range(current + 1, target + 1)), replay, replay)
     for snap in sorted(snapshot_bytes, reverse=True):
         if snap > target or (current is not None and snap <= current):

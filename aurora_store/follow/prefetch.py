@@ -165,9 +165,9 @@ class Prefetcher:
             log.info("dropped %d prefetched segment(s) version %d does not name", len(stray), version)
         held = {}
         for digest in named:
-            data = self.take(digest)
-            if data is not None:
-                held[digest] = data
+            taken = self.take(digest)
+            if taken is not None:
+                held[digest] = taken
         return held, pending
 
     def retire(self, active_version: int) -> None:

@@ -163,11 +163,11 @@ def fetch_segments(store: DeltaStore, refs: Iterable[SegmentRef], *, streams: in
             for future in done:
                 if future in waits:  # a prefetch finished: take its bytes, or read the segment after all
                     ref = waits.pop(future)
-                    data = held.take(ref.digest) if future.result() and held is not None else None
-                    if data is None:
+                    taken = held.take(ref.digest) if future.result() and held is not None else None
+                    if taken is None:
                         reads[lanes.submit(read, ref)] = ref
                         continue
-                    yield ref, data
+                    yield ref, taken
                     continue
                 ref = reads.pop(future)
                 data = future.result()
