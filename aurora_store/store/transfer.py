@@ -143,10 +143,10 @@ def fetch_segments(store: DeltaStore, refs: Iterable[SegmentRef], *, streams: in
     if not refs:
         return
     by_digest = {ref.digest: ref for ref in refs}
-    taken, pending = held.claim(version if version is not None else -1, refs) if held is not None else ({}, {})
-    for digest, data in taken.items():
+    claimed, pending = held.claim(version if version is not None else -1, refs) if held is not None else ({}, {})
+    for digest, data in claimed.items():
         yield by_digest[digest], data
-    rest = [ref for ref in by_digest.values() if ref.digest not in taken]
+    rest = [ref for ref in by_digest.values() if ref.digest not in claimed]
     if not rest:
         return
     lanes = (pool or shared_pool()).lanes(min(streams, len(rest)))
