@@ -136,8 +136,7 @@ class WeightTargetConformance:
                 target.scatter(name, indices, new[name].clone())
             target.flush()
             target.flush()  # nothing left queued: a no-op
-            for (name, indices), got in zip(written.items(), target.gather_many(list(written.items())),
-                                            strict=True):
+            for name, got in zip(written, target.gather_many(list(written.items())), strict=True):
                 assert torch.equal(got, new[name]), name
             for name, indices in written.items():
                 changed = expected[name].clone()

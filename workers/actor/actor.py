@@ -47,10 +47,10 @@ from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
 from aurora_store.trust import Verifier
 from workers.actor.ahead import DecodeAhead
 from workers.actor.cli import ActorConfig, parse_args
-from workers.actor.engine import Engine, load_engine
 from workers.actor.prefetch import Prefetcher, staging_fetcher
 from workers.actor.segments import RelayCache, read_segment
 from workers.actor.sources import BAD_COPY_ERRORS, VersionSources
+from workers.engines import Engine, load_engine
 
 log = logging.getLogger("aurora.actor")
 
