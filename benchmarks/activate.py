@@ -4,8 +4,8 @@ One vLLM engine (engine core in its own process, as actors run it) is bootstrapp
 for each of a chain of realistic Adam-step versions, the same version is made live twice:
 
 * **in place** — what actors do: ``stage`` (verify + decode + digest check; one ``aurora_gather`` round trip
-  per changed tensor) and ``activate`` + ``weights_changed`` (one ``aurora_scatter`` round trip writing the
-  changed elements into vLLM's fused parameters, plus a prefix-cache reset);
+  in all) and ``activate`` + ``weights_changed`` (one ``update_weights`` call to the ``aurora`` backend writing
+  the changed elements into vLLM's fused parameters, plus a prefix-cache reset);
 * **full reload** — vLLM's supported path, ``collective_rpc("reload_weights", weights_path=…)``: the worker
   reads the whole checkpoint of that version (from the page cache: download time is not counted) and runs
   ``load_weights`` with layer-wise re-processing, plus the same prefix-cache reset.
@@ -103,9 +103,9 @@ def run(config: dict[str, Any] | None = None, versions: int = 4, lr: float = 1e-
         seed: int = 0, segment_bytes: int = 4 << 20, multiprocess: bool = True) -> dict[str, Any]:
     """Time in-place activation against a full ``reload_weights`` for ``versions`` consecutive versions."""
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries the one JSON object
-    from workers.actor.engine_vllm import VllmEngine
     from workers.rl.model import side_files
     from workers.rl.task import build_tokenizer
+    from workers.vllm.engine import VllmEngine
 
     config = dict(config or ACTIVATE_BENCH_CONFIG)
     layout = ModelLayout.from_config(config)

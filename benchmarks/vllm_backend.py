@@ -7,7 +7,7 @@ the snapshot of a local run (a chain of realistic Adam-step versions); it follow
 manifest, fetch, verify, decode, digest check, scatter). Then, inside the worker, every version's delta is
 written both ways from its base weights:
 
-* **aurora** — :func:`workers.actor.vllm_ext.scatter_in_place`: fused flat indices + 16-bit patterns written
+* **aurora** — :func:`workers.vllm.worker.scatter_in_place`: fused flat indices + 16-bit patterns written
   into vLLM's fused parameters with ``index_put_`` (O(changed));
 * **nan_patch** — ``vllm.model_executor.model_loader.checkpoint_weight_patch.load_checkpoint_weight_patches``
   with sparse ``CheckpointWeightPatch`` es in checkpoint coordinates (per HF tensor: flat indices + bf16
@@ -82,10 +82,9 @@ def run(config: dict[str, Any] | None = None, versions: int = 3, lr: float = 1e-
     from vllm import LLM
     from vllm.model_executor.model_loader.checkpoint_weight_patch import load_checkpoint_weight_patches
 
-    from workers.actor.vllm_ext import digest_local, scatter_in_place
-    from workers.integrations import vllm_backend
     from workers.rl.model import side_files
     from workers.rl.task import build_tokenizer
+    from workers.vllm import backend as vllm_backend
 
     vllm_backend.register()  # what the vllm.general_plugins entry point does in an installed package
     config = dict(config or ACTIVATE_BENCH_CONFIG)
@@ -121,13 +120,9 @@ def run(config: dict[str, Any] | None = None, versions: int = 3, lr: float = 1e-
             def compare(worker) -> list[dict[str, Any]]:
                 engine = worker.weight_transfer_engine
                 model, target = engine.model, engine.target
-                layout_, shards = target.layout, target._shards
-
-                def params():
-                    return dict(model.named_parameters())
 
                 def check(version: int, what: str) -> None:
-                    actual = digest_local(layout_, shards, params())
+                    actual = target.full_digest()
                     if actual != digests[version]:
                         raise DigestMismatchError(f"{what} of version {version}: {actual} != {digests[version]}")
 
@@ -138,19 +133,19 @@ def run(config: dict[str, Any] | None = None, versions: int = 3, lr: float = 1e-
                     patches = checkpoint_patches(layout, states[v - 1], states[v])
                     aurora, nan = [], []
                     for _ in range(repeats):
-                        scatter_in_place(layout_, shards, params(), back)  # to the base, untimed
+                        target.write(back)  # to the base, untimed
                         check(v - 1, "restore")
                         t0 = time.perf_counter()
-                        scatter_in_place(layout_, shards, params(), fwd)
+                        target.write(fwd)
                         aurora.append(time.perf_counter() - t0)
                         check(v, "aurora scatter")
-                        scatter_in_place(layout_, shards, params(), back)
+                        target.write(back)
                         check(v - 1, "restore")
                         t0 = time.perf_counter()
                         load_checkpoint_weight_patches(model, patches)
                         nan.append(time.perf_counter() - t0)
                         check(v, "NaN-masked patch")
-                    scatter_in_place(layout_, shards, params(), back)  # leave the engine at v - 1
+                    target.write(back)  # leave the engine at v - 1
                     changed = sum(int(i.numel()) for _, i, _ in fwd)
                     out.append({"version": v, "changed": changed, "density": changed / layout.numel,
                                 "aurora_scatter_s": statistics.median(aurora), "nan_patch_s": statistics.median(nan),

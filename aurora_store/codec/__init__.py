@@ -13,12 +13,12 @@ from aurora_store.codec.encoder import (
 from aurora_store.codec.layout import Component, InferenceTensor, ModelLayout, bits_view
 from aurora_store.codec.manifest import ChunkRef, DeltaManifest, SegmentRef
 from aurora_store.codec.params import CodecParams
-from aurora_store.codec.target import TensorTarget, WeightTarget
+from aurora_store.codec.target import SupportsScatterPlan, TensorTarget, WeightTarget
 
 __all__ = [
     "ChunkRef", "CodecParams", "Component", "DeltaEncoder", "DeltaManifest", "EncodeSummary",
     "InferenceTensor", "ModelLayout", "Piece", "Segment", "SegmentRef", "Staged", "StagedDelta", "StagedSnapshot",
-    "TensorTarget", "WeightTarget",
+    "SupportsScatterPlan", "TensorTarget", "WeightTarget",
     "WeightsDigest", "activate", "apply_delta", "bits_view", "decode_segment", "digest_fused",
     "digest_state", "pieces_from_fused", "pieces_from_states", "stage",
 ]

@@ -32,7 +32,7 @@ from aurora_store.codec.digest import WeightsDigest, hash_elements
 from aurora_store.codec.manifest import ChunkRef, DeltaManifest, SegmentRef
 from aurora_store.codec.params import CodecParams
 from aurora_store.codec.segment import unpack
-from aurora_store.codec.target import TensorTarget, WeightTarget
+from aurora_store.codec.target import SupportsScatterPlan, WeightTarget
 from aurora_store.codec.values import decode_values
 from aurora_store.errors import CorruptSegmentError, DigestMismatchError, ManifestError
 
@@ -128,7 +128,8 @@ class AheadStager:
                                       f"{self.target.digest + delta}, manifest says {manifest.weights_digest}")
         # Plan the scatter only once the version is accepted (as stage() does): activation is then one
         # scatter_ per piece, not an index cut on the batch boundary.
-        if isinstance(self.target, TensorTarget):
-            updates = [TensorUpdate(u.tensor, u.indices, u.bits, self.target.plan_scatter(u.tensor, u.indices))
+        planner = self.target
+        if isinstance(planner, SupportsScatterPlan):
+            updates = [TensorUpdate(u.tensor, u.indices, u.bits, planner.plan_scatter(u.tensor, u.indices))
                        for u in updates]
         return StagedDelta(manifest, tuple(updates))

@@ -25,7 +25,7 @@ from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.manifest import ChunkRef, DeltaManifest, SegmentRef
 from aurora_store.codec.params import CodecParams
 from aurora_store.codec.segment import ChunkHeader, Entropy, ValueTransform, unpack
-from aurora_store.codec.target import ScatterPlan, TensorTarget, WeightTarget
+from aurora_store.codec.target import ScatterPlan, SupportsScatterPlan, WeightTarget
 from aurora_store.codec.values import decode_values
 from aurora_store.errors import (
     BaseVersionMismatchError,
@@ -49,7 +49,7 @@ class TensorUpdate:
     tensor: str
     indices: torch.Tensor  # int64 sorted flat indices
     bits: torch.Tensor  # int16 new bit patterns
-    plan: ScatterPlan | None = None  # the indices cut and placed for the target staged against (TensorTarget)
+    plan: ScatterPlan | None = None  # the indices cut and placed for the target staged against, if it plans
 
 
 class Transition(Protocol):
@@ -214,6 +214,7 @@ def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tupl
         plans.append((name, chunks, indices))
     # One read for all tensors: a target in another process (an inference engine) answers in one round trip.
     olds = target.gather_many([(name, indices) for name, _, indices in plans])
+    planner = target if isinstance(target, SupportsScatterPlan) else None
     updates = []
     delta = WeightsDigest()
     for (name, chunks, indices), old in zip(plans, olds):
@@ -228,7 +229,7 @@ def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tupl
         delta = delta + hash_elements(name, indices, new) - hash_elements(name, indices, old)
         # Cutting the indices at the target's pieces (and moving them to its device) belongs to staging:
         # activation is then one scatter_ per piece.
-        plan = target.plan_scatter(name, indices) if isinstance(target, TensorTarget) else None
+        plan = planner.plan_scatter(name, indices) if planner is not None else None
         updates.append(TensorUpdate(name, indices, new, plan))
     if str(target.digest + delta) != manifest.weights_digest:
         raise DigestMismatchError(f"applying version {manifest.version} would give weights digest "
@@ -253,15 +254,24 @@ def check_applicable(manifest: Transition, target: WeightTarget) -> None:
 
 
 def activate(staged: Staged, target: WeightTarget) -> None:
-    """Scatter a staged delta (or snapshot) into ``target`` in place and advance its version and digest."""
+    """Scatter a staged delta (or snapshot) into ``target`` in place, advance its version and digest, and
+    flush: every write is visible when this returns. A flush that fails leaves the weights unknown, so the
+    target's version becomes ``None`` (no delta applies to it until it is declared again)."""
     check_applicable(staged, target)
+    planner = target if isinstance(target, SupportsScatterPlan) else None
     for update in staged.updates:
-        if update.plan is not None and isinstance(target, TensorTarget) and update.plan.owner is target.token:
-            target.scatter_planned(update.tensor, update.plan, update.bits)
+        if planner is not None and update.plan is not None and update.plan.owner is target:
+            planner.scatter_planned(update.tensor, update.plan, update.bits)
         else:
             target.scatter(update.tensor, update.indices, update.bits)
+    # Version and digest first: a target in another process sends them along with its queued writes.
     target.version = staged.version
     target.digest = WeightsDigest.parse(staged.weights_digest)
+    try:
+        target.flush()
+    except BaseException:
+        target.version = None
+        raise
 
 
 def apply_delta(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tuple[SegmentRef, bytes]],

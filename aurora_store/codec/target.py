@@ -7,7 +7,9 @@ version its weights are at and their additive digest.
 
 :class:`WeightTarget` is the interface staging and activation use; :class:`TensorTarget` implements it over
 torch tensors in this process, and an inference engine implements it over its own parameters (the vLLM
-engine's target reaches them through ``collective_rpc``).
+engine's target reaches them through ``collective_rpc``). A target that can cut a write's indices at its
+storage ahead of time also implements :class:`SupportsScatterPlan`, which staging uses when it is there.
+``aurora_store.testing.targets.WeightTargetConformance`` is the contract as tests.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from aurora_store.codec.digest import WeightsDigest, digest_pieces
-from aurora_store.codec.layout import ModelLayout, bits_view
+from aurora_store.codec.layout import InferenceTensor, ModelLayout, bits_view
 from aurora_store.errors import LayoutError
 
 
@@ -37,18 +39,29 @@ class ScatterPlan:
     weights' device), so activating is one ``scatter_`` per piece and nothing else. Made while staging, for
     the target that made it."""
 
-    owner: object  # the token of the TensorTarget it was made for: any other target falls back to scatter()
+    # The target it was made for (held, so its identity cannot be reused): activating on any other target
+    # falls back to scatter().
+    owner: object
     parts: tuple[tuple[int, torch.Tensor, slice], ...]  # (piece number, local indices, slice of the bits)
 
 
 @runtime_checkable
 class WeightTarget(Protocol):
     """Flat-index access to the weights of one model, plus its version and digest — what staging reads
-    (current bits under changed indices) and activation writes (an in-place scatter).
+    (current bits under changed indices) and activation writes.
 
-    ``version`` is ``None`` until the caller declares which published version the weights hold; ``digest`` is
-    the additive weights digest of what the target holds now (kept current by :func:`~aurora_store.codec.
-    activate`, not recomputed).
+    Writes: :meth:`scatter` MAY queue (a target in another process sends its writes in one batch);
+    :meth:`flush` makes every queued write visible. Reads of a queued write before the flush may see the old
+    or the new bits. :func:`~aurora_store.codec.activate` always flushes, so an activated version is visible.
+
+    ``version`` is ``None`` until the caller declares which published version the weights hold (and again
+    after a flush failed: the weights are then unknown, and no delta applies to them); ``digest`` is the
+    additive weights digest of what the target holds (kept current by :func:`~aurora_store.codec.activate`,
+    not recomputed).
+
+    Bad input — a tensor name not in the layout, an index outside ``[0, numel)``, a count or dtype mismatch —
+    raises a typed :class:`~aurora_store.errors.AuroraError` (at the call, or at the flush for a queued write)
+    and leaves the weights as they were.
     """
 
     layout: ModelLayout
@@ -64,7 +77,13 @@ class WeightTarget(Protocol):
         ...
 
     def scatter(self, name: str, indices: torch.Tensor, bits: torch.Tensor) -> None:
-        """Write ``bits`` (int16) at sorted flat ``indices`` of inference tensor ``name`` in place."""
+        """Write ``bits`` (int16) at sorted flat ``indices`` of inference tensor ``name`` in place, now or at
+        the next :meth:`flush`."""
+        ...
+
+    def flush(self) -> None:
+        """Make every queued write visible (a no-op when nothing is queued, or for a target that writes at
+        :meth:`scatter`)."""
         ...
 
     def element(self, name: str, index: int) -> int:
@@ -78,6 +97,36 @@ class WeightTarget(Protocol):
     def fused_bits(self, name: str) -> torch.Tensor:
         """A copy of inference tensor ``name``'s bits, flat."""
         ...
+
+
+@runtime_checkable
+class SupportsScatterPlan(Protocol):
+    """A target that can do the value-independent half of a write ahead: staging plans each tensor's
+    scatter (:meth:`plan_scatter`) and activation then writes with :meth:`scatter_planned` — on the
+    batch boundary only the writes themselves remain."""
+
+    def plan_scatter(self, name: str, indices: torch.Tensor) -> ScatterPlan:
+        """A plan for writing at sorted flat ``indices`` of ``name``; its ``owner`` is this target."""
+        ...
+
+    def scatter_planned(self, name: str, plan: ScatterPlan, bits: torch.Tensor) -> None:
+        """:meth:`WeightTarget.scatter` with the indices of a plan this target made."""
+        ...
+
+
+def check_indices(layout: ModelLayout, name: str, indices: torch.Tensor) -> InferenceTensor:
+    """``name``'s tensor, or a :class:`~aurora_store.errors.LayoutError` when ``name`` is not in the layout or
+    an index lies outside ``[0, numel)`` — checked before anything is read or written."""
+    tensor = layout[name]
+    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= tensor.numel):
+        raise LayoutError(f"{name}: flat index out of range [0, {tensor.numel})")
+    return tensor
+
+
+def check_values(name: str, indices: torch.Tensor, bits: torch.Tensor) -> None:
+    """A write carries one int16 bit pattern per index."""
+    if indices.numel() != bits.numel() or bits.dtype != torch.int16:
+        raise LayoutError(f"{name}: scatter needs one int16 value per index")
 
 
 class TensorTarget:
@@ -102,23 +151,10 @@ class TensorTarget:
             if covered != tensor.numel:
                 raise LayoutError(f"{tensor.name}: target covers {covered} of {tensor.numel} elements")
         self._bounds = {name: [p.lo for p in spans] for name, spans in self._pieces.items()}
-        self.token = object()  # identifies this target's scatter plans (an id() could be reused)
         self.version = version
         self.digest = digest if digest is not None else self.full_digest()
 
     # --- construction ----------------------------------------------------------------------------
-
-    @classmethod
-    def from_fused(cls, layout: ModelLayout, fused: Mapping[str, torch.Tensor], **kw) -> TensorTarget:
-        """Over inference-layout tensors (e.g. vLLM parameters). Tensors may be larger than the layout
-        (padded vocabularies): only the first ``numel`` elements are addressed."""
-        pieces = {}
-        for tensor in layout.tensors:
-            storage = fused.get(tensor.name)
-            if storage is None:
-                raise LayoutError(f"no tensor {tensor.name} in the fused state")
-            pieces[tensor.name] = [_Piece(0, tensor.numel, _writable_bits(storage, tensor.name)[: tensor.numel])]
-        return cls(layout, pieces, **kw)
 
     @classmethod
     def from_state(cls, layout: ModelLayout, state: Mapping[str, torch.Tensor], **kw) -> TensorTarget:
@@ -151,6 +187,7 @@ class TensorTarget:
     def gather(self, name: str, indices: torch.Tensor) -> torch.Tensor:
         """Current bit patterns at sorted flat ``indices`` of inference tensor ``name``, on the host (only the
         requested elements leave the weights' device)."""
+        check_indices(self.layout, name, indices)
         out = torch.empty(indices.numel(), dtype=torch.int16)
         for piece, local, where in self._split(name, indices):
             out[where] = piece.bits[local.to(piece.bits.device)].cpu()
@@ -163,14 +200,17 @@ class TensorTarget:
     def plan_scatter(self, name: str, indices: torch.Tensor) -> ScatterPlan:
         """Cut sorted flat ``indices`` at this target's pieces and move them to the weights' device: the work
         of :meth:`scatter` that does not depend on the values, done ahead (while staging)."""
+        check_indices(self.layout, name, indices)
         spans = self._pieces[name]
         parts = []
         for piece, local, where in self._split(name, indices):
             parts.append((spans.index(piece), local.to(piece.bits.device), where))
-        return ScatterPlan(self.token, tuple(parts))
+        return ScatterPlan(self, tuple(parts))
 
     def scatter_planned(self, name: str, plan: ScatterPlan, bits: torch.Tensor) -> None:
         """:meth:`scatter` with the indices already cut and placed by :meth:`plan_scatter`."""
+        if plan.owner is not self:
+            raise LayoutError(f"{name}: the scatter plan was made for another target")
         spans = self._pieces[name]
         for number, local, where in plan.parts:
             piece = spans[number]
@@ -178,13 +218,20 @@ class TensorTarget:
 
     def scatter(self, name: str, indices: torch.Tensor, bits: torch.Tensor) -> None:
         """Write ``bits`` at sorted flat ``indices`` in place, on the weights' device: only the indices and
-        bits travel there, never a copy of the weights."""
+        bits travel there, never a copy of the weights. Everything is checked before the first piece is
+        written, so a refused write changes nothing."""
+        check_indices(self.layout, name, indices)
+        check_values(name, indices, bits)
         for piece, local, where in self._split(name, indices):
             device = piece.bits.device
             # scatter_ rather than index_copy_: same writes (indices are unique), 3-4x faster on the CPU.
             piece.bits.scatter_(0, local.to(device), bits[where].to(device))
 
+    def flush(self) -> None:
+        """Nothing to do: :meth:`scatter` writes the tensors of this process in place at once."""
+
     def element(self, name: str, index: int) -> int:
+        check_indices(self.layout, name, torch.tensor([index]))
         spans = self._pieces[name]
         piece = spans[bisect_right(self._bounds[name], index) - 1]
         return int(piece.bits[index - piece.lo])
@@ -195,6 +242,7 @@ class TensorTarget:
 
     def fused_bits(self, name: str) -> torch.Tensor:
         """A copy of inference tensor ``name``'s bits, flat, on the host (for checks and tests)."""
+        self.layout[name]
         return torch.cat([p.bits.cpu() for p in self._pieces[name]])
 
 

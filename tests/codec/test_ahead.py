@@ -41,7 +41,7 @@ def test_same_staged_delta_as_staging_after_the_manifest(delta):
     assert [u.tensor for u in staged.updates] == [u.tensor for u in reference.updates]
     for got, want in zip(staged.updates, reference.updates):
         assert got.indices.equal(want.indices) and got.bits.equal(want.bits)
-        assert got.plan is not None and got.plan.owner is target.token  # activation is the planned scatter_
+        assert got.plan is not None and got.plan.owner is target  # activation is the planned scatter_
     activate(staged, target)
     assert target.version == 1 and target.full_digest() == digest_state(LAYOUT, new)
 

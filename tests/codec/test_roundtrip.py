@@ -178,7 +178,7 @@ def test_staging_plans_the_scatter_for_its_target_and_another_target_still_lands
     staged_on, twin = target_for(layout, old, version=0), target_for(layout, old, version=0)
     manifest, segments = encode(layout, old, new, 1, 0, staged_on.digest)
     staged = stage(manifest, blobs(segments), staged_on)
-    assert all(u.plan is not None and u.plan.owner is staged_on.token for u in staged.updates)
+    assert all(u.plan is not None and u.plan.owner is staged_on for u in staged.updates)
     assert any(len(u.plan.parts) > 1 for u in staged.updates)  # fused q/k/v or gate/up, cut at its pieces
     for target in (staged_on, twin):
         activate(staged, target)

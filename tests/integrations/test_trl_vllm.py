@@ -115,8 +115,8 @@ def llm(trained):
     import vllm.envs as envs
     from vllm import LLM
 
-    from workers.actor.vllm_ext import EXTENSION_PATH
-    from workers.integrations import vllm_backend
+    from workers.vllm import backend as vllm_backend
+    from workers.vllm.wire import EXTENSION_PATH
 
     # vLLM calls this through the ``vllm.general_plugins`` entry point once aurora-rl is installed
     # (test_plugin_entry_point_registers_the_backend checks that path); calling it here makes the test
@@ -250,7 +250,7 @@ def test_vllm_serve_rl_routes_follow_the_run(trained, tmp_path):
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: aurora-rl-probe\nVersion: 0.0.0\n")
     (dist / "entry_points.txt").write_text("[vllm.general_plugins]\n"
-                                            "aurora = workers.integrations.vllm_backend:register\n")
+                                            "aurora = workers.vllm.backend:register\n")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

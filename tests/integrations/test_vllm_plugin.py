@@ -29,7 +29,7 @@ def test_plugin_entry_point_registers_the_backend(tmp_path):
     creates) is found and loaded by vLLM's own plugin loader, which registers the backend."""
     declared = (ROOT / "pyproject.toml").read_text().split('[project.entry-points."vllm.general_plugins"]\n')[1]
     entry = dict(line.replace('"', "").split(" = ") for line in declared.split("\n\n")[0].splitlines())
-    assert entry == {"aurora": "workers.integrations.vllm_backend:register"}
+    assert entry == {"aurora": "workers.vllm.backend:register"}
     dist = tmp_path / "aurora_rl_probe-0.0.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: aurora-rl-probe\nVersion: 0.0.0\n")
@@ -38,4 +38,4 @@ def test_plugin_entry_point_registers_the_backend(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]), "VLLM_PLUGINS": "aurora"}
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().splitlines()[-1] == "workers.integrations.vllm_backend.AuroraWeightTransferEngine"
+    assert out.stdout.strip().splitlines()[-1] == "workers.vllm.backend.AuroraWeightTransferEngine"

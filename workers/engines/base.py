@@ -1,5 +1,6 @@
-"""The actor's inference-engine interface. Engines own the weights; the actor stages and activates deltas
-through the engine's :class:`~aurora_store.codec.WeightTarget`, in place, at batch boundaries."""
+"""What an actor needs from an inference engine: the :class:`Engine` Protocol, the samples it returns, and the
+placement options from the actor's command line. Engines own the weights; the actor stages and activates
+deltas through the engine's :class:`~aurora_store.codec.WeightTarget`, in place, at batch boundaries."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Protocol
 
 from aurora_store.codec import ModelLayout, WeightTarget
+from aurora_store.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -50,11 +52,15 @@ class EngineOptions:
     tensor_parallel_size: int = 1  # vLLM: TP ranks; every rank scatters its own slice of each delta
 
 
+class EngineFactory(Protocol):
+    """How the registry builds an engine (:func:`~workers.engines.registry.load_engine`)."""
+
+    def __call__(self, model_dir: Path, layout: ModelLayout, *, seed: int, options: EngineOptions) -> Engine: ...
+
+
 def torch_device(choice: str) -> str:
     """``auto`` → ``cuda`` when torch sees a GPU, else ``cpu``; explicit choices are checked."""
     import torch
-
-    from aurora_store.errors import ConfigError
 
     if choice == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -63,19 +69,3 @@ def torch_device(choice: str) -> str:
     if choice not in ("cuda", "cpu"):
         raise ConfigError(f"unknown device {choice!r}")
     return choice
-
-
-def load_engine(kind: str, model_dir: Path, layout: ModelLayout, *, seed: int = 0,
-                options: EngineOptions | None = None) -> Engine:
-    options = options or EngineOptions()
-    if kind == "torch":
-        from workers.actor.engine_torch import TorchEngine
-
-        return TorchEngine(model_dir, layout, seed=seed, device=torch_device(options.device))
-    if kind == "vllm":
-        from workers.actor.engine_vllm import VllmEngine
-
-        return VllmEngine(model_dir, layout, seed=seed, enforce_eager=options.enforce_eager,
-                          gpu_memory_utilization=options.gpu_memory_utilization,
-                          tensor_parallel_size=options.tensor_parallel_size)
-    raise ValueError(f"unknown engine {kind!r}")

