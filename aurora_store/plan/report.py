@@ -3,13 +3,13 @@ bytes and egress cost per day, actor idle time, the cost of a preemption, and wh
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from typing import Any
 
 from aurora_store.plan.config import Plan
 from aurora_store.plan.sim import SimResult, Simulation, simulate, wan_rate
+from aurora_store.sched import LeasePolicy
 
 DAY_S = 86400.0
 
@@ -69,8 +69,11 @@ def catch_up_cost(plan: Plan, step_s: float) -> dict[str, Any]:
         if not region.actors:
             continue
         c = sim.catch_up(region)
-        lease_s = plan.lease_factor * plan.batch_size * plan.tokens_per_rollout / sum(
-            r.actors * r.tokens_per_s for r in plan.regions)
+        # the trainer's lease once completions are measured: factor × a share's generation time, clamped
+        leases = LeasePolicy(factor=plan.lease_factor)
+        leases.observe(int(1000 * plan.batch_size * plan.tokens_per_rollout
+                           / sum(r.actors * r.tokens_per_s for r in plan.regions)))
+        lease_s = leases.duration_ms() / 1000
         per_region[region.name] = {
             "seconds": _round(c["seconds"], 2), "bytes": int(c["bytes"]), "wan_bytes": int(c["wan_bytes"]),
             "deltas_replayed": c["deltas_replayed"],
@@ -190,7 +193,3 @@ def plot(doc: dict[str, Any], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def with_overrides(plan: Plan, **changes: Any) -> Plan:
-    return dataclasses.replace(plan, **{k: v for k, v in changes.items() if v is not None})
