@@ -225,18 +225,6 @@ class ControlPlane:
     def ack_results(self, ids: list[str]) -> None:
         self._redis.call(lambda r: streams.ack(r, self.keys.results, RESULTS_GROUP, ids))
 
-    def claim_stale_results(self, consumer: str, min_idle_ms: int) -> list[tuple[str, int, RolloutResult | None]]:
-        """Take over results a dead trainer consumer read but never acknowledged (XAUTOCLAIM)."""
-        claimed = self._redis.call(
-            lambda r: streams.autoclaim(r, self.keys.results, RESULTS_GROUP, consumer, min_idle_ms))
-        out = []
-        for entry in claimed.entries:
-            try:
-                out.append((entry.id, entry.millis, RolloutResult.from_fields(entry.fields)))
-            except MessageError:
-                out.append((entry.id, entry.millis, None))
-        return out
-
     # --- run log (for operators and notebooks) ---------------------------------------------------
 
     def log_event(self, kind: str, **fields: object) -> None:

@@ -142,7 +142,6 @@ class Simulation:
         self.link_free = {r.name: 0.0 for r in plan.regions}
         self.upload_free = 0.0
         self.wan_bytes = {r.name: 0.0 for r in plan.regions if r.name != plan.home}
-        self.staged_event: dict[int, simpy.Event] = {}
         self.preemptions = 0
         # The trainer's scheduler state, with its defaults (--throughput-ema, --exclusion-decay).
         self.estimator = sched.ThroughputEstimator()

@@ -173,14 +173,6 @@ class StepLedger:
         self._release(record, now_ms)
         return True
 
-    def revoke_actor(self, actor_id: str) -> int:
-        """Re-pool every active lease of an actor known to be gone (e.g. it deregistered)."""
-        n = 0
-        for lease_id, record in list(self.leases.items()):
-            if record.actor_id == actor_id and self.give_back(lease_id, actor_id):
-                n += 1
-        return n
-
     # --- settlement ------------------------------------------------------------------------------
 
     def settle(self, result: RolloutResult | None, arrival_ms: int) -> Verdict:
