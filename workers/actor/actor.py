@@ -31,7 +31,7 @@ from aurora_store.bus import ActorState, ControlPlane, Lease, RolloutResult
 from aurora_store.codec import CodecParams, Staged, StagedDelta, activate
 from aurora_store.codec.digest import WeightsDigest
 from aurora_store.codec.manifest import SegmentRef
-from aurora_store.config import TransferSettings
+from aurora_store.config import TransferSettings, heartbeat_ttl_s
 from aurora_store.errors import (
     AuroraError,
     BusError,
@@ -61,9 +61,9 @@ class Actor:
         self.actor_id = config.actor_id or f"{config.region}-{socket.gethostname()}-{os.getpid()}"
         settings = TransferSettings.from_env()
         if config.streams:
-            settings = TransferSettings(**{**settings.__dict__, "streams": config.streams})
+            settings = settings.with_overrides(streams=config.streams)
         self.settings = settings
-        self.plane = ControlPlane(config.redis, config.run, wait_s=120)
+        self.plane = ControlPlane(config.redis, config.run, wait_s=120, heartbeat_ttl_s=heartbeat_ttl_s())
         self.regional = DeltaStore(open_bucket(config.bucket, settings=settings), settings)
         self.engine: Engine | None = None
         self.sources: VersionSources | None = None

@@ -36,7 +36,7 @@ from aurora_store.bus import ControlPlane, TrainerState, VersionEvent
 from aurora_store.codec import CodecParams, ModelLayout
 from aurora_store.codec.digest import ZERO, WeightsDigest
 from aurora_store.codec.sharding import LocalRows, rows_digest
-from aurora_store.config import LaunchEnv, TransferSettings
+from aurora_store.config import LaunchEnv, TransferSettings, heartbeat_ttl_s
 from aurora_store.errors import AuroraError, ConfigError, DigestMismatchError
 from aurora_store.metrics import Metrics
 from aurora_store.sched import LeasePolicy, Prompt, StepLedger, ThroughputEstimator
@@ -96,15 +96,14 @@ class Trainer:
         self.ranks = Ranks.from_env(timeout_s=max(3600.0, 3 * cfg.step_timeout_s),
                                     backend=process_group_backend(self.device))
         leader = self.ranks.leader
-        settings = TransferSettings.from_env()
-        if cfg.streams:
-            settings = TransferSettings(**{**settings.__dict__, "streams": cfg.streams})
-        self.settings = settings
+        self.settings = settings = TransferSettings.from_env().with_overrides(streams=cfg.streams)
         # Every rank uploads its own segments and snapshot files and announces its segments (``segment_plane``);
         # everything else on Redis is rank 0's.
         self.store = DeltaStore(open_bucket(cfg.bucket, create=True, settings=settings), settings)
-        self.plane = ControlPlane(cfg.redis, cfg.run, on_reconnect=self._on_redis_restart) if leader else None
-        self.segment_plane = self.plane or ControlPlane(cfg.redis, cfg.run)
+        ttl = heartbeat_ttl_s()
+        self.plane = ControlPlane(cfg.redis, cfg.run, heartbeat_ttl_s=ttl, on_reconnect=self._on_redis_restart) \
+            if leader else None
+        self.segment_plane = self.plane or ControlPlane(cfg.redis, cfg.run, heartbeat_ttl_s=ttl)
         self.task = MathFileTask(cfg.dataset, seed=cfg.seed) if cfg.dataset else \
             AdditionTask(max_operand=cfg.max_operand, seed=cfg.seed)
         self.model, self.tokenizer, self.model_config = self._build_model()
