@@ -10,6 +10,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aurora_store.errors import ConfigError
 
@@ -57,8 +58,8 @@ class TransferSettings:
                        read_timeout_s: float | None = None) -> TransferSettings:
         """These settings with each field that is given (not None) replaced: a command-line flag over the
         environment, ``TransferSettings.from_env().with_overrides(streams=args.streams)``."""
-        given = {"streams": streams, "retries": retries, "retry_wait_s": retry_wait_s,
-                 "connect_timeout_s": connect_timeout_s, "read_timeout_s": read_timeout_s}
+        given: dict[str, Any] = {"streams": streams, "retries": retries, "retry_wait_s": retry_wait_s,
+                                 "connect_timeout_s": connect_timeout_s, "read_timeout_s": read_timeout_s}
         return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})
 
     @classmethod

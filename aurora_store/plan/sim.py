@@ -420,7 +420,8 @@ class Simulation:
                 for i in range(delivered[a.actor_id]):
                     t = start[a.actor_id] + (i + 1) * per_prompt + half_rtt
                     arrivals.append((t, t - granted))
-                windows.append((expires, sched.Measurement(a.actor_id, delivered[a.actor_id] * tpr, expires - granted)))
+                tokens = round(delivered[a.actor_id] * tpr)
+                windows.append((expires, sched.Measurement(a.actor_id, tokens, expires - granted)))
                 continue
             first = own[a.actor_id] + half_rtt
             arrivals += [(first, first - granted)] * n
@@ -429,10 +430,10 @@ class Simulation:
             arrivals += [(last, last - expires)] * extra
             if extra and (not n or first <= expires):  # idle when the expired prompts came: a second window
                 if n:
-                    windows.append((first, sched.Measurement(a.actor_id, n * tpr, first - granted)))
-                windows.append((last, sched.Measurement(a.actor_id, extra * tpr, last - expires)))
+                    windows.append((first, sched.Measurement(a.actor_id, round(n * tpr), first - granted)))
+                windows.append((last, sched.Measurement(a.actor_id, round(extra * tpr), last - expires)))
             else:
-                windows.append((last, sched.Measurement(a.actor_id, (n + extra) * tpr, last - granted)))
+                windows.append((last, sched.Measurement(a.actor_id, round((n + extra) * tpr), last - granted)))
         for _, completion in sorted(arrivals, key=lambda x: x[0]):
             self.leases.observe(int(completion * 1000))
         for _, measurement in sorted(windows, key=lambda x: x[0]):

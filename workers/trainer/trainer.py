@@ -12,8 +12,9 @@ checkpoint; the bucket is the truth for what was published.
 Under ``torchrun --nproc-per-node N`` the same loop runs data parallel with FSDP2 (see :mod:`.policy`):
 rank 0 alone talks to Redis (dispatch, collection, announcements, metrics, curves) and broadcasts each
 step's samples; every rank trains on its slice (:mod:`.learner`), checkpoints its shard (:mod:`.checkpoint`),
-uploads the delta of the rows it owns (:mod:`.publish`) and writes the snapshot files of the parameters it
-owns (:mod:`.snapshot`); rank 0 writes the manifests. One rank is the same code with trivial collectives.
+uploads the delta of the rows it owns (:mod:`workers.publish.delta`) and writes the snapshot files of the
+parameters it owns (:mod:`workers.publish.snapshot`); rank 0 writes the manifests. One rank is the same code
+with trivial collectives.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ from aurora_store.store import DeltaStore, object_names, open_bucket
 from aurora_store.store.publisher import VersionPublisher, utc_now
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
 from aurora_store.trust import Signer
+from workers.publish.delta import PublishOutcome, RankPublisher
+from workers.publish.ranks import Ranks
+from workers.publish.snapshot import write_sharded_snapshot
 from workers.rl.grpo import GRPOConfig, Sample, StepStats
 from workers.rl.model import DEFAULT_CONFIG, build_model, load_model, load_tokenizer, side_files, warm_start
 from workers.rl.task import AdditionTask, MathFileTask, build_tokenizer
@@ -54,9 +58,6 @@ from workers.trainer.device import process_group_backend, resolve_device
 from workers.trainer.dispatch import Dispatcher
 from workers.trainer.learner import ShardedLearner
 from workers.trainer.policy import ShardedPolicy, frozen_reference
-from workers.trainer.publish import PublishOutcome, RankPublisher
-from workers.trainer.ranks import Ranks
-from workers.trainer.snapshot import write_sharded_snapshot
 
 log = logging.getLogger("aurora.trainer")
 
