@@ -104,6 +104,7 @@ class StepRecord:
     recorded_s: float | None = None  # the trainer's step record (what step times are measured between)
     preempted: int = 0
     lease_expiries: int = 0
+    lease_s: float = math.nan  # the lease duration this step's prompts were granted with
 
 
 @dataclass(frozen=True)
@@ -341,7 +342,7 @@ class Simulation:
         self.records[step] = record
         shares = (sched.allocate(plan.batch_size, dict.fromkeys(elig.eligible, 1.0)) if plan.split == "uniform"
                   else self.estimator.shares(plan.batch_size, elig.eligible))
-        lease_s = self.leases.duration_ms() / 1000  # fixed at grant, from the completions measured so far
+        record.lease_s = lease_s = self.leases.duration_ms() / 1000  # fixed at grant, from past completions
         finish: dict[str, float] = {}
         start: dict[str, float] = {}
         for a in eligible:
