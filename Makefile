@@ -49,8 +49,9 @@ test-vllm: $(VLLM_STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
-# Style, the import rules (aurora_store never imports workers or benchmarks; its rooms are layered and
-# acyclic: see [tool.importlinter] in pyproject.toml) and the type checker.
+# Style, the import rules (aurora_store never imports workers or benchmarks, and its rooms are layered;
+# integrations import no process, the processes never import one another; no sibling cycles anywhere: see
+# [tool.importlinter] in pyproject.toml) and the type checker.
 lint: $(STAMP)
 	$(PY) -m ruff check aurora_store workers benchmarks tests
 	$(VENV)/bin/lint-imports

@@ -10,6 +10,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aurora_store.errors import ConfigError
 
@@ -47,6 +48,20 @@ class TransferSettings:
     connect_timeout_s: float = 10.0  # AURORA_CONNECT_TIMEOUT
     read_timeout_s: float = 60.0  # AURORA_READ_TIMEOUT
 
+    def __post_init__(self) -> None:
+        if self.streams < 1 or self.retries < 0:
+            raise ConfigError(f"transfer settings need streams >= 1 and retries >= 0, got streams={self.streams}, "
+                              f"retries={self.retries}")
+
+    def with_overrides(self, *, streams: int | None = None, retries: int | None = None,
+                       retry_wait_s: float | None = None, connect_timeout_s: float | None = None,
+                       read_timeout_s: float | None = None) -> TransferSettings:
+        """These settings with each field that is given (not None) replaced: a command-line flag over the
+        environment, ``TransferSettings.from_env().with_overrides(streams=args.streams)``."""
+        given: dict[str, Any] = {"streams": streams, "retries": retries, "retry_wait_s": retry_wait_s,
+                                 "connect_timeout_s": connect_timeout_s, "read_timeout_s": read_timeout_s}
+        return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})
+
     @classmethod
     def from_env(cls) -> TransferSettings:
         return cls(
@@ -57,19 +72,21 @@ class TransferSettings:
             read_timeout_s=_float("AURORA_READ_TIMEOUT", cls.read_timeout_s),
         )
 
-    def with_overrides(self, **changes: object) -> TransferSettings:
-        """These settings with command-line values laid over them (``None``: not given, kept)."""
-        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
 def default_run_name() -> str:
     return os.environ.get("AURORA_RUN", "default")
 
 
+#: Seconds a live state (actor, relay) survives without a heartbeat, unless AURORA_HEARTBEAT_TTL says otherwise.
+HEARTBEAT_TTL_S = 10
+
+
 def heartbeat_ttl_s() -> int:
-    """Seconds a live state (actor, relay) survives without a heartbeat (AURORA_HEARTBEAT_TTL, default 10).
-    Heartbeats are sent every second; the TTL bounds how long a vanished process still looks alive."""
-    return _int("AURORA_HEARTBEAT_TTL", 10, minimum=2)
+    """Seconds a live state (actor, relay) survives without a heartbeat (AURORA_HEARTBEAT_TTL, default
+    :data:`HEARTBEAT_TTL_S`). Heartbeats are sent every second; the TTL bounds how long a vanished process still
+    looks alive. Read by the processes and handed to their :class:`~aurora_store.bus.ControlPlane`."""
+    return _int("AURORA_HEARTBEAT_TTL", HEARTBEAT_TTL_S, minimum=2)
 
 
 #: Where ``make demo`` writes its home bucket, relative to the directory it was run from.

@@ -1,7 +1,7 @@
 """The benchmarks' own error root.
 
 Benchmarks are tools above the library: their failures (no root for network namespaces, a forwarder that
-died, a bad option) are not Aurora errors. Each error also subclasses the builtin a caller would catch.
+died, bad statistics) are not Aurora errors. Each error also subclasses the builtin a caller would catch.
 """
 
 from __future__ import annotations
@@ -9,7 +9,3 @@ from __future__ import annotations
 
 class BenchmarkError(Exception):
     """Root of every error raised by the benchmarks and their WAN harness."""
-
-
-class BenchmarkOptionError(BenchmarkError, ValueError):
-    """A benchmark's command-line option is out of range."""

@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterable, Mapping
 
 import redis
 
-from aurora_store import config
 from aurora_store.bus import streams
 from aurora_store.bus.client import BLOCK_MS, Reconnecting
 from aurora_store.bus.messages import (
@@ -25,15 +24,19 @@ from aurora_store.bus.messages import (
     VersionEvent,
 )
 from aurora_store.bus.redis_keys import RunKeys
+from aurora_store.config import HEARTBEAT_TTL_S
 
 RESULTS_GROUP = "trainer"
 
 
 class ControlPlane:
-    def __init__(self, url: str, run: str, *, wait_s: float = 30.0, heartbeat_ttl_s: int | None = None,
+    """``heartbeat_ttl_s``: how long the states this client writes outlive their last heartbeat (the processes
+    pass :func:`aurora_store.config.heartbeat_ttl_s`, which reads AURORA_HEARTBEAT_TTL)."""
+
+    def __init__(self, url: str, run: str, *, wait_s: float = 30.0, heartbeat_ttl_s: int = HEARTBEAT_TTL_S,
                  on_reconnect: Callable[[], None] | None = None) -> None:
         self.keys = RunKeys(run)
-        self.heartbeat_ttl_s = heartbeat_ttl_s or config.heartbeat_ttl_s()
+        self.heartbeat_ttl_s = heartbeat_ttl_s
         self.run = run
         self.url = url
         self._redis = Reconnecting(url, wait_s=wait_s, on_reconnect=on_reconnect)
@@ -224,18 +227,6 @@ class ControlPlane:
 
     def ack_results(self, ids: list[str]) -> None:
         self._redis.call(lambda r: streams.ack(r, self.keys.results, RESULTS_GROUP, ids))
-
-    def claim_stale_results(self, consumer: str, min_idle_ms: int) -> list[tuple[str, int, RolloutResult | None]]:
-        """Take over results a dead trainer consumer read but never acknowledged (XAUTOCLAIM)."""
-        claimed = self._redis.call(
-            lambda r: streams.autoclaim(r, self.keys.results, RESULTS_GROUP, consumer, min_idle_ms))
-        out = []
-        for entry in claimed.entries:
-            try:
-                out.append((entry.id, entry.millis, RolloutResult.from_fields(entry.fields)))
-            except MessageError:
-                out.append((entry.id, entry.millis, None))
-        return out
 
     # --- run log (for operators and notebooks) ---------------------------------------------------
 

@@ -113,42 +113,6 @@ def ack(client: redis.Redis, stream: str, group: str, ids: Sequence[str]) -> Non
         client.xack(stream, group, *ids)
 
 
-@dataclass(frozen=True)
-class AutoClaim:
-    next_id: str
-    entries: tuple[Entry, ...]
-    deleted: tuple[str, ...]
-
-
-def parse_autoclaim(stream: str, reply: Any) -> AutoClaim:
-    """Normalise an XAUTOCLAIM reply across server versions.
-
-    Redis ≥ 7 (and Valkey) reply ``[next, entries, deleted_ids]``; Redis 6.2 replies ``[next, entries]``.
-    Entries whose payload was trimmed away come back as ``[id, None]``: they are reported as deleted.
-    redis-py may already have parsed the reply into the same list shape.
-    """
-    if not isinstance(reply, (list, tuple)) or len(reply) not in (2, 3):
-        raise ValueError(f"unexpected XAUTOCLAIM reply: {reply!r}")
-    next_id = decode(reply[0])
-    entries, deleted = [], [decode(d) for d in (reply[2] if len(reply) == 3 else ())]
-    for item in reply[1] or ():
-        raw_id, raw_fields = item[0], item[1] if len(item) > 1 else None
-        if raw_fields is None:
-            deleted.append(decode(raw_id))
-            continue
-        if isinstance(raw_fields, (list, tuple)):  # unparsed flat [k1, v1, k2, v2, ...]
-            raw_fields = dict(zip(raw_fields[0::2], raw_fields[1::2]))
-        entries.append(_entry(stream, raw_id, raw_fields))
-    return AutoClaim(next_id, tuple(entries), tuple(deleted))
-
-
-def autoclaim(client: redis.Redis, stream: str, group: str, consumer: str, min_idle_ms: int,
-              start: str = "0-0", count: int = 100) -> AutoClaim:
-    """Claim entries pending longer than ``min_idle_ms`` in ``group`` (e.g. from a consumer that died)."""
-    reply = client.execute_command("XAUTOCLAIM", stream, group, consumer, min_idle_ms, start, "COUNT", count)
-    return parse_autoclaim(stream, reply)
-
-
 def server_millis(client: redis.Redis) -> int:
     """The server's clock (ms), the same clock that stamps stream ids — one clock for leases and arrivals."""
     seconds, micros = client.time()

@@ -95,10 +95,7 @@ def load_safetensors(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]
 
 
 def _settings(streams: int | None) -> TransferSettings:
-    settings = TransferSettings.from_env()
-    if streams:
-        settings = TransferSettings(**{**settings.__dict__, "streams": streams})
-    return settings
+    return TransferSettings.from_env().with_overrides(streams=streams)
 
 
 def cmd_diff(args: argparse.Namespace) -> int:

@@ -82,7 +82,9 @@ class Plan:
     snapshot_every: int = 50
     preempt_per_hour: float = 0.0  # per spot actor
     replace_s: float = 120.0  # a preempted actor's replacement is up after this long
-    lease_factor: float = 2.5  # lease = factor × median completion
+    lease_factor: float = 2.5  # lease = factor × median completion (the trainer's --lease-factor)
+    initial_lease_s: float = 60.0  # the lease before any completion is measured (--initial-lease-s)
+    split: str = "proportional"  # the trainer's --split: by measured throughput, or "uniform"
     steps: int = 30
     seed: int = 0
     costs: Costs = field(default_factory=Costs)
@@ -132,10 +134,12 @@ def validate(plan: Plan) -> Plan:
         if not 0 <= r.loss < 1:
             raise PlanError(f"{r.name}.loss must be in [0, 1), got {r.loss!r}")
     for name in ("batch_size", "tokens_per_rollout", "bytes_per_changed", "streams", "segment_mb", "snapshot_every",
-                 "lease_factor", "steps"):
+                 "lease_factor", "initial_lease_s", "steps"):
         _positive(name, getattr(plan, name))
     for name in ("train_s", "preempt_per_hour", "replace_s"):
         _positive(name, getattr(plan, name), zero_ok=True)
+    if plan.split not in ("proportional", "uniform"):
+        raise PlanError(f"split must be 'proportional' or 'uniform', got {plan.split!r}")
     if not 0 < plan.density <= 1:
         raise PlanError(f"density must be in (0, 1], got {plan.density!r}")
     if not 4 <= plan.steps <= 5000:
@@ -205,7 +209,3 @@ def load(path: str | Path) -> Plan:
     if not isinstance(raw, Mapping):
         raise PlanError(f"{path}: the document must be a table/mapping")
     return from_mapping(raw)
-
-
-def with_costs(plan: Plan, **changes: Any) -> Plan:
-    return validate(dataclasses.replace(plan, costs=dataclasses.replace(plan.costs, **changes)))

@@ -3,13 +3,13 @@ bytes and egress cost per day, actor idle time, the cost of a preemption, and wh
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from typing import Any
 
 from aurora_store.plan.config import Plan
 from aurora_store.plan.sim import SimResult, Simulation, simulate, wan_rate
+from aurora_store.sched import LeasePolicy
 
 DAY_S = 86400.0
 
@@ -62,15 +62,20 @@ def limits(plan: Plan, delta: SimResult, ideal: SimResult) -> dict[str, Any]:
             "gap_to_ideal": _round(delta.step_s / ideal.step_s - 1)}
 
 
-def catch_up_cost(plan: Plan, step_s: float) -> dict[str, Any]:
+def catch_up_cost(plan: Plan, step_s: float, lease_s: float | None = None) -> dict[str, Any]:
+    """Per region: what a replacement's catch-up costs, and how long a preempted actor's leases hold its prompts
+    (``lease_s``: the simulated run's; by default the lease policy's once a share's completion is measured)."""
     sim = Simulation(plan)
+    if lease_s is None:
+        leases = LeasePolicy(factor=plan.lease_factor)
+        leases.observe(int(1000 * plan.batch_size * plan.tokens_per_rollout
+                           / sum(r.actors * r.tokens_per_s for r in plan.regions)))
+        lease_s = leases.duration_ms() / 1000
     per_region = {}
     for region in plan.regions:
         if not region.actors:
             continue
         c = sim.catch_up(region)
-        lease_s = plan.lease_factor * plan.batch_size * plan.tokens_per_rollout / sum(
-            r.actors * r.tokens_per_s for r in plan.regions)
         per_region[region.name] = {
             "seconds": _round(c["seconds"], 2), "bytes": int(c["bytes"]), "wan_bytes": int(c["wan_bytes"]),
             "deltas_replayed": c["deltas_replayed"],
@@ -107,7 +112,7 @@ def build(plan: Plan, *, timeline: bool = True) -> dict[str, Any]:
             for r in per_step},
         "idle_fraction": _round(delta.idle_fraction), "ideal_idle_fraction": _round(ideal.idle_fraction),
         "preemptions": delta.preemptions,
-        "catch_up": catch_up_cost(plan, delta.step_s),
+        "catch_up": catch_up_cost(plan, delta.step_s, statistics.median(s.lease_s for s in _steady(delta))),
         "link_rate_mbit": {r.name: _round(wan_rate(r, plan, plan.streams) * 8 / 1e6, 1)
                            for r in plan.regions if r.name != plan.home},
         "single_stream_rate_mbit": {r.name: _round(wan_rate(r, plan, 1) * 8 / 1e6, 1)
@@ -190,7 +195,3 @@ def plot(doc: dict[str, Any], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def with_overrides(plan: Plan, **changes: Any) -> Plan:
-    return dataclasses.replace(plan, **{k: v for k, v in changes.items() if v is not None})

@@ -5,10 +5,12 @@ The trainer loop is the real one (``workers/trainer``): collect ``B_k`` · dispa
 encoded: cut-through) · collect ``B_{k+1}`` … Each published segment is copied into every remote region once by
 its relay (over the region's link with ``S`` parallel streams; a region without a relay has every actor pull
 across the link), then fetched by the region's actors from the regional bucket and staged; an actor reports
-"staged" with its next heartbeat. A dispatch on ``v`` waits until at least one actor is eligible (on ``v``, or
-on ``v − 1`` with ``D_v`` staged: it gets ``Commit(v)`` and activates first); the others sit the step out. The
-batch is split in proportion to throughput. A spot actor preempted mid-batch loses its leases, which expire
-after ``lease_factor`` × the median completion and are re-granted to the survivors; its replacement joins after
+"staged" with its next heartbeat. Scheduling is the trainer's own code (:mod:`aurora_store.sched`), not a model
+of it: a dispatch on ``v`` waits until at least one actor is eligible (on ``v``, or on ``v − 1`` with ``D_v``
+staged: it gets ``Commit(v)`` and activates first); the others sit the step out and their estimates decay. The
+batch is split by the throughput estimator (self-reports as capped priors, then measured hold windows). A spot
+actor preempted mid-batch loses its leases, which expire after the lease policy's duration (``lease_factor`` ×
+the median of recent completions) and are re-granted to the survivors; its replacement joins after
 ``replace_s`` and catches up from the newest snapshot plus the deltas since.
 
 Per-component costs come from :class:`~aurora_store.plan.config.Costs` (calibrated from our benchmarks).
@@ -25,6 +27,7 @@ from typing import Any
 
 import simpy
 
+from aurora_store import sched
 from aurora_store.errors import PlanError
 from aurora_store.plan.config import Plan, Region, validate
 
@@ -69,6 +72,12 @@ class Actor:
             self.calibrated_at = t = due + costs.calibrate_s
         return max(lease_at, t)
 
+    def view(self, now: float, version: int) -> sched.ActorView:
+        """What the trainer reads from this actor's heartbeat at ``now`` when dispatching on ``version``: its
+        active version and the newest version between that and ``version`` it is known to have staged."""
+        staged = next((v for v in range(version, self.active, -1) if self.staged.get(v, math.inf) <= now), None)
+        return sched.ActorView(self.actor_id, self.active, staged)
+
     def alive_at(self, t: float) -> bool:
         return not any(a <= t < b for a, b in self.down)
 
@@ -95,6 +104,7 @@ class StepRecord:
     recorded_s: float | None = None  # the trainer's step record (what step times are measured between)
     preempted: int = 0
     lease_expiries: int = 0
+    lease_s: float = math.nan  # the lease duration this step's prompts were granted with
 
 
 @dataclass(frozen=True)
@@ -133,8 +143,10 @@ class Simulation:
         self.link_free = {r.name: 0.0 for r in plan.regions}
         self.upload_free = 0.0
         self.wan_bytes = {r.name: 0.0 for r in plan.regions if r.name != plan.home}
-        self.staged_event: dict[int, simpy.Event] = {}
         self.preemptions = 0
+        # The trainer's scheduler state, with its defaults (--throughput-ema, --exclusion-decay).
+        self.estimator = sched.ThroughputEstimator()
+        self.leases = sched.LeasePolicy(factor=plan.lease_factor, initial_ms=int(1000 * plan.initial_lease_s))
         self._draw_preemptions()
 
     # --- inputs -----------------------------------------------------------------------------------
@@ -293,25 +305,26 @@ class Simulation:
         return actor.staged.get(version, math.inf)
 
     def _dispatch(self, step: int, version: int):
-        """start_step + collect of one batch, as the dispatcher and the ledger do it."""
+        """start_step + collect of one batch, as the dispatcher and the ledger do it, by the scheduler's own
+        rules (:mod:`aurora_store.sched`): eligibility, the estimator's shares (self-reports as capped priors,
+        exclusion decay, measured settlements), lease durations, the re-grant of expired prompts."""
         plan, env = self.plan, self.env
         waited_from = env.now
         while True:
             now = env.now
-            ready, commit = [], []
-            for a in self.actors:
-                if not a.alive_at(now):
-                    continue
+            live = [a for a in self.actors if a.alive_at(now)]
+            self.estimator.seen([a.actor_id for a in live], now)  # departed actors are forgotten
+            views = {}
+            for a in live:
                 self._rejoin(a, now, version)
                 # A lagging actor activates every committed version it has staged, in order (commits go to
                 # everyone, not only to the actors a step is dispatched to), so it can catch up to v − 1.
                 while a.active < version - 1 and self._known_staged(a, a.active + 1) <= now:
                     a.active += 1
-                if a.active == version:
-                    ready.append(a)
-                elif a.active == version - 1 and self._known_staged(a, version) <= now:
-                    commit.append(a)
-            if ready or commit:
+                views[a.actor_id] = a.view(now, version)
+                self.estimator.report(a.actor_id, a.tokens_per_s)  # its heartbeat's claim: a prior at most
+            elig = sched.eligibility(views, version)
+            if elig.eligible:
                 break
             if now - waited_from > 86400:
                 raise PlanError(f"step {step}: no actor became eligible for version {version} within a day")
@@ -319,51 +332,113 @@ class Simulation:
             wake = min([self._known_staged(a, version) for a in self.actors]
                        + [b for a in self.actors for _, b in a.down if b > now] + [now + 60.0])
             yield env.timeout(max(0.2, math.ceil((wake - now) / 0.2) * 0.2))
-        eligible = ready + commit
+        for actor_id in elig.excluded:
+            self.estimator.decay(actor_id)
+        # ready actors first, then those committed forward, each in deployment order (the order random draws
+        # are taken in)
+        ready, commit = set(elig.ready), set(elig.need_commit)
+        eligible = [a for a in live if a.actor_id in ready] + [a for a in live if a.actor_id in commit]
         record = StepRecord(step, version, now, math.nan, len(eligible), len(self.actors) - len(eligible), len(commit))
         self.records[step] = record
-        total = sum(a.tokens_per_s for a in eligible)
+        shares = (sched.allocate(plan.batch_size, dict.fromkeys(elig.eligible, 1.0)) if plan.split == "uniform"
+                  else self.estimator.shares(plan.batch_size, elig.eligible))
+        record.lease_s = lease_s = self.leases.duration_ms() / 1000  # fixed at grant, from past completions
         finish: dict[str, float] = {}
         start: dict[str, float] = {}
         for a in eligible:
-            share = plan.batch_size * a.tokens_per_s / total
-            lease_at = a.idle_until(now + a.region.rtt_ms / 2000, plan.costs)
             activate = 0.0
-            if a in commit:
+            if a.actor_id in commit:
                 # activation at the batch boundary: an in-place sparse scatter, or loading full weights
                 activate = plan.full_bytes / ((plan.costs.load_gb_per_s if self.mode == "full"
                                                else plan.costs.apply_gb_per_s) * 1e9)
                 a.active = version
+            if not shares[a.actor_id]:  # eligible, but the batch ran out before its turn
+                continue
+            lease_at = a.idle_until(now + a.region.rtt_ms / 2000, plan.costs)
             start[a.actor_id] = lease_at + activate
             jitter = max(0.5, self.rng.gauss(1.0, plan.costs.gen_cv)) if plan.costs.gen_cv > 0 else 1.0
-            finish[a.actor_id] = start[a.actor_id] + jitter * share * plan.tokens_per_rollout / a.tokens_per_s
-        # preemptions mid-batch: the lost share expires after a lease and is re-granted to the survivors
-        gen = [finish[a.actor_id] - start[a.actor_id] for a in eligible]
-        lease_s = plan.lease_factor * statistics.median(gen)
-        for a in eligible:
+            finish[a.actor_id] = start[a.actor_id] + jitter * shares[a.actor_id] * plan.tokens_per_rollout \
+                / a.tokens_per_s
+        own = dict(finish)  # when each actor's own share is done
+        working = [a for a in eligible if a.actor_id in finish]
+        # Preemptions mid-batch: what the actor had not delivered expires with its leases and is re-granted
+        # to the survivors (whoever holds the least work for its speed first).
+        expires = now + lease_s
+        delivered: dict[str, int] = {}
+        regranted: dict[str, int] = {}
+        for a in working:
             hit = a.preempted_between(start[a.actor_id], finish[a.actor_id])
             if hit is None:
                 continue
             record.preempted += 1
             record.lease_expiries += 1
-            done_frac = (hit - start[a.actor_id]) / (finish[a.actor_id] - start[a.actor_id])
-            lost_tokens = (1 - done_frac) * (finish[a.actor_id] - start[a.actor_id]) * a.tokens_per_s
+            n = shares[a.actor_id]
+            delivered[a.actor_id] = math.floor(n * (hit - start[a.actor_id]) / (finish[a.actor_id] - start[a.actor_id]))
             finish[a.actor_id] = hit
-            expiry = now + lease_s
-            survivors = [b for b in eligible if b.actor_id != a.actor_id and b.preempted_between(now, expiry) is None]
+            survivors = [b for b in eligible if b is not a and b.preempted_between(now, expires) is None]
             if not survivors:
                 continue
-            rate = sum(b.tokens_per_s for b in survivors)
+            holding = {b.actor_id: shares[b.actor_id] + regranted.get(b.actor_id, 0)
+                       for b in survivors if finish.get(b.actor_id, -math.inf) > expires}
+            counts = sched.refill(n - delivered[a.actor_id], holding,
+                            {b.actor_id: self.estimator.get(b.actor_id) for b in survivors})
             for b in survivors:
-                finish[b.actor_id] = max(finish[b.actor_id], expiry) + lost_tokens * (b.tokens_per_s / rate) \
-                    / b.tokens_per_s
-        for a in eligible:
-            a.intervals.append((start[a.actor_id], finish[a.actor_id]))
+                if counts.get(b.actor_id):
+                    regranted[b.actor_id] = regranted.get(b.actor_id, 0) + counts[b.actor_id]
+                    finish[b.actor_id] = max(finish.get(b.actor_id, expires), expires) \
+                        + counts[b.actor_id] * plan.tokens_per_rollout / b.tokens_per_s
+                    start.setdefault(b.actor_id, expires)
+                    own.setdefault(b.actor_id, -math.inf)
+        busy = [a for a in eligible if a.actor_id in finish]
+        for a in busy:
+            if a.actor_id in regranted and own[a.actor_id] <= expires:  # idle from its own share to the expiry
+                if shares[a.actor_id]:
+                    a.intervals.append((start[a.actor_id], own[a.actor_id]))
+                a.intervals.append((expires, finish[a.actor_id]))
+            else:
+                a.intervals.append((start[a.actor_id], finish[a.actor_id]))
             a.free_at = finish[a.actor_id]
-        done = max(finish[a.actor_id] + a.region.rtt_ms / 2000 for a in eligible) + plan.costs.control_s
+        self._settle(now, expires, busy, shares, own, start, finish, delivered, regranted)
+        done = max(finish[a.actor_id] + a.region.rtt_ms / 2000 for a in busy) + plan.costs.control_s
         yield env.timeout(max(0.0, done - env.now))
         record.collected_s = env.now
         self.collected[step].succeed()
+
+    def _settle(self, granted: float, expires: float, busy: list[Actor], shares: dict[str, int],
+                own: dict[str, float], start: dict[str, float], finish: dict[str, float], delivered: dict[str, int],
+                regranted: dict[str, int]) -> None:
+        """What the ledger learns from one step's results, in arrival order: each accepted prompt's completion
+        time (the lease policy's samples) and each closed hold window (a measured settlement for the
+        estimator). Folded in now: no dispatch happens before the step's last result."""
+        tpr = self.plan.tokens_per_rollout
+        arrivals: list[tuple[float, float]] = []  # (arrival, completion) per accepted prompt
+        windows: list[tuple[float, sched.Measurement]] = []  # (closed at, measurement)
+        for a in busy:
+            half_rtt = a.region.rtt_ms / 2000
+            n = shares.get(a.actor_id, 0)
+            if a.actor_id in delivered:  # streamed its results until preempted; the window closes at expiry
+                per_prompt = (own[a.actor_id] - start[a.actor_id]) / n
+                for i in range(delivered[a.actor_id]):
+                    t = start[a.actor_id] + (i + 1) * per_prompt + half_rtt
+                    arrivals.append((t, t - granted))
+                tokens = round(delivered[a.actor_id] * tpr)
+                windows.append((expires, sched.Measurement(a.actor_id, tokens, expires - granted)))
+                continue
+            first = own[a.actor_id] + half_rtt
+            arrivals += [(first, first - granted)] * n
+            extra = regranted.get(a.actor_id, 0)
+            last = finish[a.actor_id] + half_rtt
+            arrivals += [(last, last - expires)] * extra
+            if extra and (not n or first <= expires):  # idle when the expired prompts came: a second window
+                if n:
+                    windows.append((first, sched.Measurement(a.actor_id, round(n * tpr), first - granted)))
+                windows.append((last, sched.Measurement(a.actor_id, round(extra * tpr), last - expires)))
+            else:
+                windows.append((last, sched.Measurement(a.actor_id, round((n + extra) * tpr), last - granted)))
+        for _, completion in sorted(arrivals, key=lambda x: x[0]):
+            self.leases.observe(int(completion * 1000))
+        for _, measurement in sorted(windows, key=lambda x: x[0]):
+            self.estimator.observe_settlement(measurement)
 
     def _rejoin(self, actor: Actor, now: float, version: int) -> None:
         """A replacement that is back (snapshot + deltas replayed: ``catch_up``) registers on the version
@@ -371,6 +446,7 @@ class Simulation:
         back = [b for _, b in actor.down if b <= now]
         if len(back) > actor.rejoined:
             actor.rejoined = len(back)
+            self.estimator.forget(actor.actor_id)  # a replacement registers under a new id: nothing known of it
             actor.active = max(version - 1, 0)
             actor.staged[version] = now  # caught up to the newest published version
 

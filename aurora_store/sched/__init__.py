@@ -7,8 +7,9 @@ from aurora_store.sched.allocation import (
     ThroughputEstimator,
     allocate,
     eligibility,
+    refill,
 )
 from aurora_store.sched.ledger import LeasePolicy, Prompt, StepLedger, Verdict
 
 __all__ = ["ActorView", "Eligibility", "LeasePolicy", "Measurement", "Prompt", "StepLedger", "ThroughputEstimator",
-           "Verdict", "allocate", "eligibility"]
+           "Verdict", "allocate", "eligibility", "refill"]

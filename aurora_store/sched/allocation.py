@@ -10,9 +10,10 @@ largest fractional parts (ties: lower actor id), so the split is deterministic.
 
 from __future__ import annotations
 
+import heapq
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from aurora_store.errors import SchedulingError
@@ -74,6 +75,30 @@ def allocate(batch: int, throughput: Mapping[str, float]) -> dict[str, int]:
     return shares
 
 
+def refill(count: int, outstanding: Mapping[str, int], speed: Mapping[str, float]) -> dict[str, int]:
+    """Hand ``count`` returned prompts out one at a time, each to the actor of ``speed`` (tokens/s) with the
+    least outstanding work relative to its speed (ties: lower actor id); ``outstanding`` is what each still
+    holds. A heap keyed by that load, so ``P`` prompts among ``N`` actors cost O((N + P) log N), not O(P·N)."""
+    if count < 0:
+        raise SchedulingError(f"prompt count must be non-negative, got {count}")
+    if not speed:
+        if count:
+            raise SchedulingError("no eligible actors to hand prompts to")
+        return {}
+    if any(not (math.isfinite(s) and s > 0) for s in speed.values()):
+        raise SchedulingError("throughput estimates must be finite and positive")
+    load = {a: outstanding.get(a, 0) for a in speed}
+    heap = [((load[a] + 1) / speed[a], a) for a in speed]
+    heapq.heapify(heap)
+    counts = dict.fromkeys(speed, 0)
+    for _ in range(count):
+        _, actor_id = heapq.heappop(heap)
+        counts[actor_id] += 1
+        load[actor_id] += 1
+        heapq.heappush(heap, ((load[actor_id] + 1) / speed[actor_id], actor_id))
+    return {a: n for a, n in counts.items() if n}
+
+
 @dataclass(frozen=True)
 class Measurement:
     """One settlement of an actor's work: the tokens of its accepted results over the time it held leases
@@ -100,6 +125,10 @@ class ThroughputEstimator:
       been measured): a boastful newcomer cannot take the batch, an honest slow one is not overloaded.
     * Exclusion multiplies τ_a by α (``alpha``); the decayed value stays until measured settlements raise it
       (reports no longer touch it), so a rejoining actor starts conservatively, as in the paper (§5.3).
+    * An actor the trainer has not seen live (deregistered, or its heartbeat expired) for ``forget_after_s``
+      has departed and is forgotten (:meth:`seen`): its estimate no longer sets the median that caps priors,
+      and spot churn does not grow the tables forever. The grace outlasts a Redis restart, after which live
+      states reappear only with the next heartbeats.
     """
 
     beta: float = 0.5  # weight of the newest measurement
@@ -108,6 +137,8 @@ class ThroughputEstimator:
     estimates: dict[str, float] = field(default_factory=dict)  # measured or decayed actors
     measured: set[str] = field(default_factory=set)
     priors: dict[str, float] = field(default_factory=dict)  # self-reports of actors without an estimate
+    forget_after_s: float = 60.0
+    _absent: dict[str, float] = field(default_factory=dict, init=False, repr=False)  # actor → first missed
 
     def __post_init__(self) -> None:
         if not (0 < self.beta <= 1 and 0 < self.alpha <= 1):
@@ -131,9 +162,6 @@ class ThroughputEstimator:
         if prior is None:  # nothing known about it: the median, neither starved nor overloaded
             return bound if bound is not None else 1.0
         return max(min(prior, bound), self.floor) if bound is not None else max(prior, self.floor)
-
-    def is_measured(self, actor_id: str) -> bool:
-        return actor_id in self.measured
 
     def report(self, actor_id: str, tokens_per_s: float) -> None:
         """An actor's own claim (heartbeat): kept as a prior only while nothing was measured or decayed."""
@@ -167,6 +195,20 @@ class ThroughputEstimator:
         self.estimates.pop(actor_id, None)
         self.priors.pop(actor_id, None)
         self.measured.discard(actor_id)
+        self._absent.pop(actor_id, None)
+
+    def seen(self, live: Collection[str], now_s: float) -> list[str]:
+        """The actors live at ``now_s`` (seconds, any monotonic clock); forgets, and returns, every known actor
+        missing from ``live`` since more than ``forget_after_s`` ago."""
+        gone = []
+        for actor_id in sorted((self.estimates.keys() | self.priors.keys()) - set(live)):
+            since = self._absent.setdefault(actor_id, now_s)
+            if now_s - since > self.forget_after_s:
+                self.forget(actor_id)
+                gone.append(actor_id)
+        for actor_id in [a for a in self._absent if a in live]:
+            del self._absent[actor_id]
+        return gone
 
     def shares(self, batch: int, eligible: tuple[str, ...]) -> dict[str, int]:
         """Proportional shares, with at least one prompt for every eligible actor when the batch allows: an

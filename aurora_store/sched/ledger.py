@@ -75,8 +75,11 @@ class LeasePolicy:
     # completion can be far below one second, and leases that short expire under honest actors.
     min_ms: int = 4_000
     max_ms: int = 600_000
-    window: int = 256
-    _samples: deque = field(default_factory=lambda: deque(maxlen=256))
+    window: int = 256  # completions the median is taken over (the newest)
+    _samples: deque = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._samples = deque(maxlen=self.window)
 
     def observe(self, completion_ms: int) -> None:
         self._samples.append(max(int(completion_ms), 1))
@@ -169,14 +172,6 @@ class StepLedger:
         self.returned += 1
         self._release(record, now_ms)
         return True
-
-    def revoke_actor(self, actor_id: str) -> int:
-        """Re-pool every active lease of an actor known to be gone (e.g. it deregistered)."""
-        n = 0
-        for lease_id, record in list(self.leases.items()):
-            if record.actor_id == actor_id and self.give_back(lease_id, actor_id):
-                n += 1
-        return n
 
     # --- settlement ------------------------------------------------------------------------------
 

@@ -124,7 +124,6 @@ class WanEnv:
     _agents: list[Agent] = field(default_factory=list)
     _relays: dict[str, subprocess.Popen] = field(default_factory=dict)
     _saved_env: dict[str, str | None] = field(default_factory=dict)
-    _shape: tuple[float | None, float, float] | None = None
     _pinning: dict[str, frozenset[int]] | None = None
 
     @property
@@ -135,7 +134,6 @@ class WanEnv:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             self.topo = self._stack.enter_context(Topology({REMOTE: self._spec(None, 0.0, 0.0)}))
-            self._shape = (None, 0.0, 0.0)
             self._stack.enter_context(self.topo.inside(HOME))
             home_at, remote_at = self.topo.command(HOME, []), self.topo.command(REMOTE, [])
             self.home_s3 = S3Server(host=self.topo.address(HOME), launcher=home_at)
@@ -183,7 +181,6 @@ class WanEnv:
               calibrate: str | None = None) -> dict[str, Any] | None:
         """Reshape the link (connections stay up); with ``calibrate``, measure it and file it under that name."""
         self.topo.link(REMOTE).reshape(self._spec(rate_mbit, rtt_ms, loss))
-        self._shape = (rate_mbit, rtt_ms, loss)
         time.sleep(0.3)  # let queues of the previous shape drain
         if calibrate is None:
             return None

@@ -10,7 +10,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aurora_store.bus import ActorState, ControlPlane, Lease, RolloutResult, VersionEvent, connect
-from aurora_store.bus.streams import parse_autoclaim
 from aurora_store.errors import BusAuthError, BusError
 from aurora_store.testing.servers import RedisServer, free_port
 
@@ -72,7 +71,7 @@ def test_actor_registration_heartbeat_expiry_and_leave(redis_url):
     assert [f[b"kind"] for _, f in membership] == [b"join", b"join", b"leave"]
 
 
-def test_leases_and_results_with_consumer_group_and_autoclaim(redis_url):
+def test_leases_and_results_with_a_consumer_group(redis_url):
     plane = ControlPlane(redis_url, "r3")
     plane.ensure_results_group()
     lease = Lease("L1", "p1", 1, 4, "lthash128:" + "1" * 32, 123, "2+2=", 4, 8)
@@ -84,22 +83,8 @@ def test_leases_and_results_with_consumer_group_and_autoclaim(redis_url):
     plane.send_result(result)
     got = plane.read_results("trainer-old", block_ms=100)
     assert got[0][2] == result and got[0][1] > 0
-    # the consumer dies without acking; a restarted trainer claims the pending entry
-    time.sleep(0.05)
-    claimed = plane.claim_stale_results("trainer-new", min_idle_ms=10)
-    assert [r for _, _, r in claimed] == [result]
-    plane.ack_results([claimed[0][0]])
-    assert plane.claim_stale_results("trainer-new", min_idle_ms=0) == []
-
-
-def test_autoclaim_reply_shapes_of_redis_6_and_7():
-    six = [b"0-0", [[b"1-0", [b"kind", b"result"]], [b"2-0", None]]]
-    seven = [b"0-0", [[b"1-0", {b"kind": b"result"}]], [b"3-0"]]
-    a, b = parse_autoclaim("s", six), parse_autoclaim("s", seven)
-    assert [e.fields for e in a.entries] == [{"kind": "result"}] == [e.fields for e in b.entries]
-    assert a.deleted == ("2-0",) and b.deleted == ("3-0",)
-    with pytest.raises(ValueError):
-        parse_autoclaim("s", [b"0-0"])
+    plane.ack_results([got[0][0]])
+    assert plane.read_results("trainer-old", block_ms=100) == []
 
 
 def test_redis_unreachable_at_start_is_a_clear_error():

@@ -50,6 +50,7 @@ def test_plan_predicts_a_real_run_within_20_percent(tmp_path):
     plan = config.from_mapping({
         "model": DEFAULT_CONFIG, "home": "home", "batch_size": batch, "steps": spec.steps, "streams": 1,
         "snapshot_every": spec.snapshot_every, "tokens_per_rollout": group * 1,
+        "split": "uniform", "lease_factor": 20.0,  # the trainer's flags above
         "regions": [{"name": "home", "actors": 0},
                     {"name": "remote", "actors": actors, "tokens_per_s": tokens_per_s, "relay": True}]})
     cal = calibrate.from_run(summary, intervals)  # the trainer's own costs: serial work, publishing
@@ -69,6 +70,7 @@ PART5 = {
     "model": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4, "head_dim": 64,
               "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 32},
     "home": "home", "batch_size": 9, "steps": 12, "snapshot_every": 13, "streams": 4,
+    "split": "uniform", "lease_factor": 20.0,  # E2EConfig's trainer flags
     "train_s": 2.0,  # 1 epoch over 72 samples: 0.5–4 s on two busy cores (E2EConfig's comment)
     "density": 0.03,  # an Adam step at lr 1e-6: 1.5–4 % of bf16 elements change
     "regions": [{"name": "home", "actors": 0},

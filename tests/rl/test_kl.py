@@ -9,12 +9,12 @@ import random
 import pytest
 import torch
 
+from workers.publish.ranks import Ranks
 from workers.rl.grpo import GRPOConfig, Sample, grpo_loss
 from workers.rl.model import DEFAULT_CONFIG, build_model
 from workers.trainer.cli import parse_args
 from workers.trainer.learner import ShardedLearner
 from workers.trainer.policy import frozen_reference
-from workers.trainer.ranks import Ranks
 
 
 def samples() -> list[Sample]:

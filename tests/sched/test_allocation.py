@@ -3,7 +3,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aurora_store.errors import SchedulingError
-from aurora_store.sched import ActorView, ThroughputEstimator, allocate, eligibility
+from aurora_store.sched import ActorView, ThroughputEstimator, allocate, eligibility, refill
 
 
 def test_paper_example_h100_and_a100_split_300_into_200_and_100():
@@ -56,3 +56,24 @@ def test_estimator_ema_decay_and_newcomers():
     assert est.decay("a") == 75
     with pytest.raises(SchedulingError):
         est.observe("a", float("nan"))
+
+
+def test_refill_gives_each_prompt_to_the_least_loaded_for_its_speed():
+    # b is idle and twice as fast as a: it takes prompts until its load per speed passes a's
+    assert refill(5, {"a": 2, "b": 0}, {"a": 1.0, "b": 2.0}) == {"b": 5}
+    assert refill(6, {"a": 2, "b": 0}, {"a": 1.0, "b": 2.0}) == {"a": 1, "b": 5}  # a tie (3.0): lower id
+    assert refill(2, {}, {"x": 1.0, "y": 1.0}) == {"x": 1, "y": 1}  # ties: lower id first, then alternate
+    assert refill(1, {}, {"y": 1.0, "x": 1.0}) == {"x": 1}
+    assert refill(0, {}, {}) == {}
+    with pytest.raises(SchedulingError):
+        refill(3, {}, {})
+    with pytest.raises(SchedulingError):
+        refill(1, {}, {"a": 0.0})
+
+
+@given(st.integers(0, 300), st.dictionaries(st.text("abc", min_size=1, max_size=3), st.floats(0.01, 1e4),
+                                             min_size=1, max_size=8), st.data())
+def test_refill_hands_out_exactly_the_returned_prompts(count, speed, data):
+    outstanding = {a: data.draw(st.integers(0, 20)) for a in speed}
+    counts = refill(count, outstanding, speed)
+    assert sum(counts.values()) == count and set(counts) <= set(speed) and all(n > 0 for n in counts.values())

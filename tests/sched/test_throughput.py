@@ -186,3 +186,20 @@ def test_returns_and_wrong_answers_measure_nothing():
     assert led.settle(bad, 100).reason == "wrong_version"
     assert led.take_measurements() == []
     led.check_invariants()
+
+
+def test_actors_missing_for_longer_than_the_grace_are_forgotten():
+    est = ThroughputEstimator(forget_after_s=30.0)
+    est.observe("stays", 100)
+    est.observe("leaves", 300)
+    est.report("newcomer", 50)
+    assert est.seen({"stays", "leaves", "newcomer"}, now_s=0.0) == []
+    assert est.seen({"stays"}, now_s=10.0) == []  # gone for less than the grace: a Redis restart, a slow beat
+    assert est.seen({"stays", "leaves"}, now_s=35.0) == []  # back in time: its clock restarts
+    assert est.seen({"stays"}, now_s=41.0) == ["newcomer"]  # its prior goes too
+    assert est.seen({"stays"}, now_s=60.0) == []
+    assert est.seen({"stays"}, now_s=72.0) == ["leaves"]  # first missed at 41
+    assert est.get("stays") == 100 and "leaves" not in est.estimates and "leaves" not in est.measured
+    # a forgotten actor no longer sets the median that caps a newcomer's claim
+    est.report("claims", 250)
+    assert est.get("claims") == 100

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from aurora_store import logs
 from aurora_store.bus import ActorState, ControlPlane, Lease, RolloutResult
-from aurora_store.config import TransferSettings
+from aurora_store.config import TransferSettings, heartbeat_ttl_s
 from aurora_store.errors import AuroraError, BusError, DigestMismatchError
 from aurora_store.follow import BucketChain, Follower, Prefetcher
 from aurora_store.metrics import Metrics
@@ -51,7 +51,7 @@ class Actor:
         self.config = config
         self.actor_id = config.actor_id or f"{config.region}-{socket.gethostname()}-{os.getpid()}"
         settings = TransferSettings.from_env().with_overrides(streams=config.streams)
-        self.plane = ControlPlane(config.redis, config.run, wait_s=120)
+        self.plane = ControlPlane(config.redis, config.run, wait_s=120, heartbeat_ttl_s=heartbeat_ttl_s())
         self.metrics = Metrics("actor", config.run, config.region)
         if config.metrics_port:
             self.metrics.serve(config.metrics_port)

@@ -37,9 +37,9 @@ from aurora_store.errors import ConfigError, LayoutError
 from aurora_store.store import DeltaStore, open_bucket
 from aurora_store.store.publisher import VersionPublisher, utc_now
 from aurora_store.trust import Signer
-from workers.trainer.publish import PublishOutcome, RankPublisher
-from workers.trainer.ranks import Ranks
-from workers.trainer.snapshot import write_sharded_snapshot
+from workers.publish.delta import PublishOutcome, RankPublisher
+from workers.publish.ranks import Ranks
+from workers.publish.snapshot import write_sharded_snapshot
 
 
 def model_files(model: Any, tokenizer: Any = None) -> dict[str, bytes]:

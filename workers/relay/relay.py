@@ -21,7 +21,7 @@ from pathlib import Path
 from aurora_store import logs
 from aurora_store.bus import ControlPlane, RelayState, VersionEvent
 from aurora_store.codec.manifest import DeltaManifest, SegmentRef
-from aurora_store.config import TransferSettings
+from aurora_store.config import TransferSettings, heartbeat_ttl_s
 from aurora_store.errors import AuroraError, ObjectNotFoundError, VersionExistsError
 from aurora_store.metrics import Metrics
 from aurora_store.store import DeltaStore, object_names, open_bucket
@@ -114,13 +114,10 @@ class SegmentCache:
 class Relay:
     def __init__(self, config: RelayConfig) -> None:
         self.config = config
-        settings = TransferSettings.from_env()
-        if config.streams:
-            settings = TransferSettings(**{**settings.__dict__, "streams": config.streams})
-        self.settings = settings
+        self.settings = settings = TransferSettings.from_env().with_overrides(streams=config.streams)
         self.source = DeltaStore(open_bucket(config.source, settings=settings), settings)
         self.dest = DeltaStore(open_bucket(config.dest, create=True, settings=settings), settings)
-        self.plane = ControlPlane(config.redis, config.run, wait_s=120)
+        self.plane = ControlPlane(config.redis, config.run, wait_s=120, heartbeat_ttl_s=heartbeat_ttl_s())
         self.metrics = Metrics("relay", config.run, config.region)
         if config.metrics_port:
             self.metrics.serve(config.metrics_port)

@@ -24,8 +24,8 @@ from safetensors.torch import load_file, save_file
 
 from aurora_store.codec.sharding import LocalRows
 from aurora_store.errors import ConfigError
+from workers.publish.ranks import Ranks
 from workers.trainer.policy import ShardedPolicy
-from workers.trainer.ranks import Ranks
 
 LATEST = "latest"
 _TMP = ".ckpt-tmp"

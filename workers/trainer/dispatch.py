@@ -11,7 +11,6 @@ costs throughput, never correctness.
 
 from __future__ import annotations
 
-import heapq
 import logging
 import math
 import time
@@ -31,6 +30,7 @@ from aurora_store.sched import (
     ThroughputEstimator,
     allocate,
     eligibility,
+    refill,
 )
 
 log = logging.getLogger("aurora.trainer.dispatch")
@@ -91,6 +91,10 @@ class Dispatcher:
         actors = self.plane.actors()
         # Remember every registration token seen: an actor whose heartbeat lapsed briefly is still itself.
         self._tokens.update({a: token for a, (_, token) in actors.items() if token})
+        # Registered actors missing from here (deregistered, or heartbeat expired) for long enough have departed:
+        # their throughput estimates go (the tokens stay: a late result or return of theirs is still theirs).
+        for actor_id in self.estimator.seen(actors, time.monotonic()):
+            log.info("forgot departed actor %s", actor_id)
         return {a: state for a, (state, _) in actors.items() if state.status == "ready"}
 
     def token_of(self, actor_id: str) -> str:
@@ -237,17 +241,10 @@ class Dispatcher:
         self.commit(ledger.version)
         now = self.plane.now_ms()
         outstanding = Counter(r.actor_id for r in ledger.leases.values() if r.state == "active")
-        # Whoever has the least outstanding work relative to its speed gets the next prompt: a heap keyed by
-        # that load, so re-granting P prompts among N actors costs O((N + P) log N), not O(P·N).
-        speed = {a: self.estimator.get(a) for a in elig.eligible}
-        heap = [((outstanding[a] + 1) / speed[a], a) for a in elig.eligible]
-        heapq.heapify(heap)
+        # Whoever has the least outstanding work relative to its speed gets the next prompt.
+        counts = refill(len(ledger.pool), outstanding, {a: self.estimator.get(a) for a in elig.eligible})
         grants: dict[str, list] = {}
-        while ledger.pool:
-            _, actor_id = heapq.heappop(heap)
-            leases = ledger.grant(actor_id, 1, now)
-            grants.setdefault(actor_id, []).extend(leases)
+        for actor_id, count in counts.items():
+            grants[actor_id] = leases = ledger.grant(actor_id, count, now)
             self.metrics.leases.labels("granted").inc(len(leases))
-            outstanding[actor_id] += 1
-            heapq.heappush(heap, ((outstanding[actor_id] + 1) / speed[actor_id], actor_id))
         self.plane.grant_many(grants)

@@ -24,9 +24,9 @@ from torch import nn
 
 from aurora_store.codec.sharding import even_rows
 from aurora_store.errors import ConfigError
+from workers.publish.ranks import Ranks
 from workers.rl.grpo import GRPOConfig, Sample, StepStats, group_advantages, grpo_loss, token_logprobs
 from workers.trainer.optim import LeanAdamW
-from workers.trainer.ranks import Ranks
 
 
 class ShardedLearner:

@@ -20,7 +20,7 @@ from torch import nn
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.sharding import LocalRows, even_rows
 from aurora_store.errors import ConfigError, LayoutError
-from workers.trainer.ranks import Ranks
+from workers.publish.ranks import Ranks
 
 COMPUTE_DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 

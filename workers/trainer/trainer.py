@@ -12,8 +12,9 @@ checkpoint; the bucket is the truth for what was published.
 Under ``torchrun --nproc-per-node N`` the same loop runs data parallel with FSDP2 (see :mod:`.policy`):
 rank 0 alone talks to Redis (dispatch, collection, announcements, metrics, curves) and broadcasts each
 step's samples; every rank trains on its slice (:mod:`.learner`), checkpoints its shard (:mod:`.checkpoint`),
-uploads the delta of the rows it owns (:mod:`.publish`) and writes the snapshot files of the parameters it
-owns (:mod:`.snapshot`); rank 0 writes the manifests. One rank is the same code with trivial collectives.
+uploads the delta of the rows it owns (:mod:`workers.publish.delta`) and writes the snapshot files of the
+parameters it owns (:mod:`workers.publish.snapshot`); rank 0 writes the manifests. One rank is the same code
+with trivial collectives.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from aurora_store.bus import ControlPlane, TrainerState, VersionEvent
 from aurora_store.codec import CodecParams, ModelLayout
 from aurora_store.codec.digest import ZERO, WeightsDigest
 from aurora_store.codec.sharding import LocalRows, rows_digest
-from aurora_store.config import LaunchEnv, TransferSettings
+from aurora_store.config import LaunchEnv, TransferSettings, heartbeat_ttl_s
 from aurora_store.errors import AuroraError, ConfigError, DigestMismatchError
 from aurora_store.metrics import Metrics
 from aurora_store.sched import LeasePolicy, Prompt, StepLedger, ThroughputEstimator
@@ -44,6 +45,9 @@ from aurora_store.store import DeltaStore, object_names, open_bucket
 from aurora_store.store.publisher import VersionPublisher, utc_now
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
 from aurora_store.trust import Signer
+from workers.publish.delta import PublishOutcome, RankPublisher
+from workers.publish.ranks import Ranks
+from workers.publish.snapshot import write_sharded_snapshot
 from workers.rl.grpo import GRPOConfig, Sample, StepStats
 from workers.rl.model import DEFAULT_CONFIG, build_model, load_model, load_tokenizer, side_files, warm_start
 from workers.rl.task import AdditionTask, MathFileTask, build_tokenizer
@@ -54,9 +58,6 @@ from workers.trainer.device import process_group_backend, resolve_device
 from workers.trainer.dispatch import Dispatcher
 from workers.trainer.learner import ShardedLearner
 from workers.trainer.policy import ShardedPolicy, frozen_reference
-from workers.trainer.publish import PublishOutcome, RankPublisher
-from workers.trainer.ranks import Ranks
-from workers.trainer.snapshot import write_sharded_snapshot
 
 log = logging.getLogger("aurora.trainer")
 
@@ -96,15 +97,14 @@ class Trainer:
         self.ranks = Ranks.from_env(timeout_s=max(3600.0, 3 * cfg.step_timeout_s),
                                     backend=process_group_backend(self.device))
         leader = self.ranks.leader
-        settings = TransferSettings.from_env()
-        if cfg.streams:
-            settings = TransferSettings(**{**settings.__dict__, "streams": cfg.streams})
-        self.settings = settings
+        self.settings = settings = TransferSettings.from_env().with_overrides(streams=cfg.streams)
         # Every rank uploads its own segments and snapshot files and announces its segments (``segment_plane``);
         # everything else on Redis is rank 0's.
         self.store = DeltaStore(open_bucket(cfg.bucket, create=True, settings=settings), settings)
-        self.plane = ControlPlane(cfg.redis, cfg.run, on_reconnect=self._on_redis_restart) if leader else None
-        self.segment_plane = self.plane or ControlPlane(cfg.redis, cfg.run)
+        ttl = heartbeat_ttl_s()
+        self.plane = ControlPlane(cfg.redis, cfg.run, heartbeat_ttl_s=ttl, on_reconnect=self._on_redis_restart) \
+            if leader else None
+        self.segment_plane = self.plane or ControlPlane(cfg.redis, cfg.run, heartbeat_ttl_s=ttl)
         self.task = MathFileTask(cfg.dataset, seed=cfg.seed) if cfg.dataset else \
             AdditionTask(max_operand=cfg.max_operand, seed=cfg.seed)
         self.model, self.tokenizer, self.model_config = self._build_model()

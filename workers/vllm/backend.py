@@ -211,7 +211,7 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
             raise ConfigError("the aurora backend needs at least one bucket URL")
         settings = TransferSettings.from_env()
         if init_info.streams:
-            settings = TransferSettings(**{**settings.__dict__, "streams": init_info.streams})
+            settings = settings.with_overrides(streams=init_info.streams)
         stores = [DeltaStore(open_bucket(url, settings=settings), settings) for url in urls]
         # with the run: another run's validly signed versions are refused
         verify = Verifier.load(init_info.trainer_public_key, init_info.run) if init_info.trainer_public_key else None

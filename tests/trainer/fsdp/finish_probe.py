@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from workers.trainer.ranks import Ranks
+from workers.publish.ranks import Ranks
 
 
 def main() -> int:

@@ -22,9 +22,9 @@ from aurora_store.errors import LayoutError
 from aurora_store.store import DeltaStore
 from aurora_store.store.publisher import VersionPublisher
 from aurora_store.store.snapshots import read_snapshot_manifest, write_snapshot
-from workers.trainer.publish import RankPublisher
-from workers.trainer.ranks import Ranks
-from workers.trainer.snapshot import owners, plan_files, write_sharded_snapshot
+from workers.publish.delta import RankPublisher
+from workers.publish.ranks import Ranks
+from workers.publish.snapshot import owners, plan_files, write_sharded_snapshot
 
 CONFIG = {"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
           "head_dim": 16, "intermediate_size": 96, "num_hidden_layers": 2, "vocab_size": 37,

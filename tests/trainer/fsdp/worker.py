@@ -28,15 +28,15 @@ from aurora_store.errors import ConfigError
 from aurora_store.store import DeltaStore, object_names
 from aurora_store.store.publisher import VersionPublisher
 from tests.trainer.fsdp.audit import install
+from workers.publish.delta import RankPublisher
+from workers.publish.ranks import Ranks
+from workers.publish.snapshot import write_sharded_snapshot
 from workers.rl.grpo import GRPOConfig, Sample
 from workers.rl.model import DEFAULT_CONFIG, build_model, side_files
 from workers.rl.task import build_tokenizer
 from workers.trainer import checkpoint
 from workers.trainer.learner import ShardedLearner
 from workers.trainer.policy import ShardedPolicy, frozen_reference
-from workers.trainer.publish import RankPublisher
-from workers.trainer.ranks import Ranks
-from workers.trainer.snapshot import write_sharded_snapshot
 
 #: vocab 33: the embedding's rows do not split evenly over 2 ranks (17 + 16).
 MODEL_CONFIG = {**DEFAULT_CONFIG, "vocab_size": 33}

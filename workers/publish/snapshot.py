@@ -33,7 +33,7 @@ from aurora_store.store.snapshots import (
     weight_index,
 )
 from aurora_store.store.versions import DeltaStore
-from workers.trainer.ranks import Ranks
+from workers.publish.ranks import Ranks
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from aurora_store.codec.manifest import SegmentRef
 from aurora_store.codec.sharding import DeltaPart, LocalRows, row_pieces
 from aurora_store.errors import AuroraError, RankAborted
 from aurora_store.store.publisher import PublishReport, VersionPublisher
-from workers.trainer.ranks import Ranks
+from workers.publish.ranks import Ranks
 
 
 @dataclass(frozen=True)

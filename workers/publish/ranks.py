@@ -1,4 +1,5 @@
-"""Who this trainer process is among ``torchrun``'s workers, and the few collectives the trainer needs.
+"""Who this trainer process is among ``torchrun``'s workers, and the few collectives a trainer needs (ours,
+and a transformers/TRL trainer publishing through :mod:`workers.integrations.hf_callback`).
 
 Ranks exchange only small JSON documents (rollout samples, segment refs, digests, verdicts) plus, at
 snapshot time, single parameters for their owner rank; the bytes each purpose moves are counted in
@@ -40,7 +41,7 @@ class Ranks:
     def from_env(cls, timeout_s: float = DEFAULT_TIMEOUT_S, backend: str = "gloo") -> Ranks:
         """The process group ``torchrun`` describes in the environment (``WORLD_SIZE``, ``RANK``, …), or a
         single rank without a process group when it describes none. ``backend``: see
-        :func:`workers.trainer.device.process_group_backend`."""
+        ``workers.trainer.device.process_group_backend``."""
         world = LaunchEnv.from_env().world_size
         if world <= 1:
             return cls()

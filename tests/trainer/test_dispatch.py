@@ -1,0 +1,35 @@
+"""The trainer's dispatcher against a real Redis: actors that depart (deregister, or stop heartbeating) are
+forgotten by the throughput estimator once the grace has passed; live ones keep their measured estimates."""
+
+from __future__ import annotations
+
+import time
+
+from aurora_store.bus import ControlPlane
+from aurora_store.bus.messages import ActorState
+from aurora_store.sched import LeasePolicy, ThroughputEstimator
+from workers.trainer.dispatch import Dispatcher
+
+
+def state(actor_id: str) -> ActorState:
+    return ActorState(actor_id, "eu", "torch", 0, None, None, 100.0, 0, "ready", 0, "regional")
+
+
+def test_departed_actors_are_forgotten_after_the_grace(redis_url):
+    plane = ControlPlane(redis_url, "dispatch-forget", heartbeat_ttl_s=1)
+    estimator = ThroughputEstimator(forget_after_s=0.5)
+    dispatcher = Dispatcher(plane, "eu", "trainer-test", LeasePolicy(), estimator)
+    tokens = {a: plane.register_actor(state(a)) for a in ("stays", "leaves", "vanishes")}
+    assert set(dispatcher.live_actors()) == {"stays", "leaves", "vanishes"}
+    for actor_id, rate in (("stays", 100.0), ("leaves", 300.0), ("vanishes", 500.0)):
+        estimator.observe(actor_id, rate)
+    plane.deregister_actor("leaves", "eu")  # a graceful leave; "vanishes" just stops heartbeating
+    assert "leaves" not in dispatcher.live_actors() and "leaves" in estimator.estimates  # within the grace
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and ("leaves" in estimator.estimates or "vanishes" in estimator.estimates):
+        plane.heartbeat_actor(state("stays"), tokens["stays"])
+        assert "stays" in dispatcher.live_actors()
+        time.sleep(0.1)
+    assert set(estimator.estimates) == {"stays"} and estimator.get("stays") == 100.0
+    # a departed actor's token is still known: a late result or hand-back of its leases is still its own
+    assert dispatcher.token_of("leaves") == tokens["leaves"]
