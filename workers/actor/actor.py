@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import socket
 import threading
 import time
@@ -45,6 +44,7 @@ from aurora_store.store.catchup import CatchUpPlan
 from aurora_store.store.replay import stage_snapshot, stage_version
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
 from aurora_store.trust import Verifier
+from workers import lifecycle
 from workers.actor.ahead import DecodeAhead
 from workers.actor.cli import ActorConfig, parse_args
 from workers.actor.engine import Engine, load_engine
@@ -606,6 +606,7 @@ class Actor:
         self.work_cursor = self.plane.latest_id(self.plane.keys.work(self.actor_id))
         self.status = "ready"
         self.token = self.plane.register_actor(self.state())
+        lifecycle.enter("serving")  # from here a stop signal sets `leaving`: the finally below leaves gracefully
         threads = [threading.Thread(target=self._guarded, args=(f,), name=f.__name__, daemon=True)
                    for f in (self._heartbeat_loop, self._events_loop, self._stager_loop)]
         for thread in threads:
@@ -679,7 +680,12 @@ class Actor:
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     logs.configure(f"actor:{config.actor_id or config.region}", config.run)
-    actor = Actor(config)
-    signal.signal(signal.SIGTERM, lambda *_: actor.leaving.set())
-    signal.signal(signal.SIGINT, lambda *_: actor.leaving.set())
-    return actor.run()
+    # Until run() enters "serving", SIGTERM/SIGINT unwind (connecting, waiting for the run, bootstrap); then
+    # they set `leaving` and the main loop leaves gracefully (see workers.lifecycle).
+    life = lifecycle.install("actor")
+
+    def serve() -> int:
+        actor = Actor(config)
+        life.on_stop(actor.leaving.set)
+        return actor.run()
+    return life.run(serve)
