@@ -181,27 +181,36 @@ def test_a_process_stuck_after_sigterm_is_ended_by_its_watchdog():
 # --- harnesses leave no child behind ---------------------------------------------------------------------------
 
 
-def test_sigterm_to_the_demo_stops_every_process_and_server_it_started(tmp_path):
-    with open(tmp_path / "demo.log", "wb") as log:
-        demo = subprocess.Popen([sys.executable, "-m", "workers.demo", "--steps", "40", "--run-dir",
-                                 str(tmp_path / "run")], stdout=log, stderr=subprocess.STDOUT)
+HARNESSES = {
+    # Valkey, the trainer, the relay and three actors.
+    "demo": (["workers.demo", "--steps", "40", "--run-dir", "{tmp}/run"], 6),
+    # Valkey, the trainer and the scenario's three actors.
+    "chaos": (["workers.chaos", "--quick", "--only", "sigterm_graceful_leave", "--keep", "{tmp}/run"], 5),
+}
+
+
+@pytest.mark.parametrize("harness", sorted(HARNESSES))
+def test_sigterm_to_a_harness_stops_every_process_and_server_it_started(harness, tmp_path):
+    args, expected = HARNESSES[harness]
+    with open(tmp_path / "harness.log", "wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", *(a.format(tmp=tmp_path) for a in args)], stdout=log,
+                                   stderr=subprocess.STDOUT)
     children: dict[int, int] = {}
     try:
-        # Valkey, the trainer, the relay and three actors.
-        children = _wait_until(lambda: (found := _descendants(demo.pid)) and len(found) >= 6 and found, 120,
-                               "the demo's six children")
+        children = _wait_until(lambda: (found := _descendants(process.pid)) and len(found) >= expected and found,
+                               120, f"the {harness}'s {expected} children")
         time.sleep(2.0)
-        seconds = _exit_after_sigterm(demo, timeout=90)
+        seconds = _exit_after_sigterm(process, timeout=90)
         survivors = _survivors(children)
     finally:
-        if demo.poll() is None:
-            demo.kill()
+        if process.poll() is None:
+            process.kill()
         _kill(children)
-    out = (tmp_path / "demo.log").read_text(errors="replace")
-    assert demo.returncode == -signal.SIGTERM, out[-3000:]
+    out = (tmp_path / "harness.log").read_text(errors="replace")
+    assert process.returncode == -signal.SIGTERM, out[-3000:]
     assert "received SIGTERM: stopping every process started here" in out, out[-3000:]
     assert not survivors, (children, out[-3000:])
-    print(f"demo and its {len(children)} children gone {seconds:.1f} s after SIGTERM")
+    print(f"{harness} and its {len(children)} children gone {seconds:.1f} s after SIGTERM")
 
 
 def test_a_sigkilled_cluster_driver_leaves_no_child_running(tmp_path):
