@@ -9,10 +9,12 @@ ways for a process to end, each a backstop for the one before:
    is down no longer holds the process for its reconnect budget) and calls the process's stop callbacks
    (:meth:`Lifecycle.on_stop`), whose loops then end on their own path.
 2. **Unwinding** — in a phase without one (starting: connecting, waiting for the run, bootstrapping), in a
-   harness (the demo, the chaos suite: their children are stopped by their context managers), or on a
-   second signal, the handler raises :class:`~aurora_store.errors.Terminated` in the main thread, which
-   unwinds it through every ``finally`` and ``with``; :meth:`Lifecycle.run` then ends the process by the
-   same signal (exit status ``-15`` to its parent, as if it had not been caught).
+   harness (the demo, the chaos suite: their children are stopped by their context managers), on a second
+   signal, or when the graceful path has not ended after half the grace period (a batch that generates
+   on, a step that trains on), the handler raises :class:`~aurora_store.errors.Terminated` in the main
+   thread, which unwinds it through every ``finally`` and ``with`` — the actor's leave is one, so its
+   leases are still handed back; :meth:`Lifecycle.run` then ends the process by the same signal (exit
+   status ``-15`` to its parent, as if it had not been caught).
 3. **The deadline** — a watchdog thread, woken by the signal itself (``signal.set_wakeup_fd``: written by
    the C-level handler, so a main thread stuck in native code or a blocking call cannot delay it), ends
    the process with ``os._exit(128 + signal)`` when the grace period has passed, whatever it is doing.
@@ -41,6 +43,9 @@ from aurora_store.errors import Terminated
 log = logging.getLogger("aurora.lifecycle")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: Share of the grace period the graceful path gets before the main thread is unwound (the rest is for the
+#: ``finally`` blocks, e.g. the actor's leave).
+GRACEFUL_SHARE = 0.5
 #: A harness outlives its children: their grace, then the launcher's kill and the servers' stop.
 HARNESS_EXTRA_S = 30.0
 
@@ -58,6 +63,8 @@ class Lifecycle:
         self.first_signal_at: float | None = None
         self._callbacks: list[Callable[[], None]] = []
         self._in_handler = False
+        self._unwind = False  # set by the watchdog: the graceful path took too long
+        self._returned = False  # main() has returned: the interpreter is exiting, nothing is left to unwind
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -80,7 +87,9 @@ class Lifecycle:
     def run(self, main: Callable[[], int]) -> int:
         """``main()``'s exit code; unwound by a stop signal, the process ends by that signal."""
         try:
-            return main()
+            code = main()
+            self._returned = True
+            return code
         except Terminated as exc:
             log.warning("stopped by %s while %s", exc.signal_name, self.phase)
             _die_by(exc.signum)
@@ -107,6 +116,10 @@ class Lifecycle:
                     return
                 log.warning("received %s: stopping every process started here", name, extra={"signal": name})
                 raise Terminated(signum, name)
+            if self._unwind:
+                log.warning("still %s %g s after %s: unwinding now", self.phase, GRACEFUL_SHARE * self.grace_s,
+                            name, extra={"signal": name, "phase": self.phase})
+                raise Terminated(signum, name)
             if first and self.graceful:
                 log.warning("received %s while %s: stopping gracefully (at most %g s)", name, self.phase,
                             self.grace_s, extra={"signal": name, "phase": self.phase})
@@ -126,9 +139,11 @@ class Lifecycle:
 
     def _watch(self) -> None:
         deadline: float | None = None
+        unwind_at: float | None = None  # when a graceful path still running is unwound
         signum = signal.SIGTERM
         while True:
-            timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            due = [t for t in (unwind_at, deadline) if t is not None]
+            timeout = max(min(due) - time.monotonic(), 0.0) if due else None
             ready, _, _ = select.select([self._wake_r], [], [], timeout)
             if ready:
                 try:
@@ -137,10 +152,17 @@ class Lifecycle:
                     continue
                 stops = [b for b in data if b in STOP_SIGNALS]
                 if deadline is None and stops:
-                    signum, deadline = signal.Signals(stops[0]), time.monotonic() + self.grace_s
+                    signum, now = signal.Signals(stops[0]), time.monotonic()
+                    deadline, unwind_at = now + self.grace_s, now + GRACEFUL_SHARE * self.grace_s
                 continue
-            if deadline is not None and time.monotonic() >= deadline:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
                 self._expire(signum)
+            if unwind_at is not None and now >= unwind_at:
+                unwind_at = None
+                if self.graceful and not self._returned:  # the handler unwinds the main thread on this signal
+                    self._unwind = True
+                    os.kill(os.getpid(), signum)
 
     def _expire(self, signum: int) -> None:
         """The grace period is over: say so and end the process now. Written straight to the stderr file

@@ -118,6 +118,7 @@ def test_an_actor_waiting_for_its_run_stops_at_once_on_sigterm_during_a_redis_ou
             if actor.poll() is None:
                 actor.kill()
         out = actor.communicate()[0]
+    print(f"actor waiting for its run gone {seconds:.2f} s after SIGTERM")
     assert seconds < GRACE_S, out[-2000:]
     assert actor.returncode == -signal.SIGTERM, out[-2000:]
     assert "received SIGTERM while starting" in out, out[-2000:]
@@ -153,29 +154,45 @@ def test_sigterm_mid_run_during_a_redis_outage_ends_actor_relay_and_trainer_with
     assert "received SIGTERM while training: stopping gracefully" in logs["trainer"], logs["trainer"]
 
 
-def test_a_process_stuck_after_sigterm_is_ended_by_its_watchdog():
-    """A graceful path that never ends (a real sleep standing in for a wedged call) cannot hold the process
-    past its grace period."""
+def test_a_graceful_path_that_does_not_end_is_unwound_then_the_process_is_ended_by_its_watchdog():
+    """A graceful path that never ends (a real sleep standing in for a batch that generates on) is unwound at
+    half the grace period, running its ``finally``; a ``finally`` that never ends either cannot hold the
+    process past the grace period."""
     script = textwrap.dedent("""
-        import sys, time
+        import time
         from workers import lifecycle
-        life = lifecycle.install("stuck", grace_s=1.0)
+        life = lifecycle.install("stuck", grace_s=2.0)
         lifecycle.enter("serving")  # graceful: the signal only asks, and nothing here listens
         print("ready", flush=True)
-        time.sleep(120)
+        try:
+            time.sleep(120)
+        finally:
+            print("unwound", flush=True)
+            time.sleep(120)  # a cleanup that never ends
     """)
     process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
     try:
         assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-        seconds = _exit_after_sigterm(process, timeout=30)
+        sent = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        lines = []
+        while (line := process.stdout.readline()) and line.strip() != "unwound":
+            lines.append(line)
+        assert line, lines
+        unwound = time.monotonic() - sent
+        process.wait(timeout=30)
+        seconds = time.monotonic() - sent
     finally:
         if process.poll() is None:
             process.kill()
-    out = process.communicate()[0]
-    assert 0.9 < seconds < 5.0, out
+    out = "".join(lines) + process.communicate()[0]
+    print(f"unwound {unwound:.2f} s and ended {seconds:.2f} s after SIGTERM (grace 2 s)")
+    assert 0.9 < unwound < 1.9 and 1.9 < seconds < 5.0, out
     assert process.returncode == 128 + signal.SIGTERM, out
-    assert "still running 1 s after SIGTERM (while serving): exiting now" in out, out
+    assert "received SIGTERM while serving: stopping gracefully" in out, out
+    assert "still serving 1 s after SIGTERM: unwinding now" in out, out
+    assert "still running 2 s after SIGTERM (while serving): exiting now" in out, out
 
 
 # --- harnesses leave no child behind ---------------------------------------------------------------------------
