@@ -89,6 +89,15 @@ def heartbeat_ttl_s() -> int:
     return _int("AURORA_HEARTBEAT_TTL", HEARTBEAT_TTL_S, minimum=2)
 
 
+def stop_grace_s() -> float:
+    """Seconds a process asked to stop (SIGTERM, SIGINT) has for its graceful path before it ends regardless
+    (AURORA_STOP_GRACE_S, default 20: spot VMs and pods give 30-120 s between the notice and the kill)."""
+    value = _float("AURORA_STOP_GRACE_S", 20.0)
+    if not value > 0:
+        raise ConfigError(f"AURORA_STOP_GRACE_S must be a positive number of seconds, got {value}")
+    return value
+
+
 #: Where ``make demo`` writes its home bucket, relative to the directory it was run from.
 DEMO_BUCKET = Path("runs") / "demo" / "buckets" / "us-east"
 

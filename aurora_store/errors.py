@@ -166,3 +166,24 @@ class ServerExitedError(ServiceError):
 
 class PlanError(AuroraError, ValueError):
     """A deployment plan (``aurora plan``) is malformed: unknown model, missing field, value out of range."""
+
+
+# --- process lifecycle -----------------------------------------------------------------------------
+
+
+class Terminated(SystemExit):
+    """The process was told to stop (SIGTERM, SIGINT) while it had no graceful path to take (starting up,
+    bootstrapping, a harness), or a second time: raised in the main thread to unwind it through every
+    ``finally`` and context manager.
+
+    Deliberately outside :class:`AuroraError` and not an :class:`Exception`: the ``except Exception`` of a
+    retry loop or of a failed-scenario report must not swallow it. Uncaught, it ends the interpreter quietly
+    with ``code`` (128 + the signal number, as a shell reports a process ended by that signal)."""
+
+    def __init__(self, signum: int, name: str) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+        self.signal_name = name
+
+    def __str__(self) -> str:
+        return f"terminated by {self.signal_name}"

@@ -146,14 +146,24 @@ class LocalCluster:
                                 args, env=env)
 
     def stop(self) -> None:
-        self.group.stop_all()
-        if self.plane is not None:
-            self.plane.close()
-        if self._own_redis:
-            self.redis.stop()
+        """Stop every process (actors leave while Redis still runs), then Redis; each step even if one before
+        it was interrupted, so nothing started here outlives the cluster."""
+        try:
+            self.group.stop_all()
+        finally:
+            try:
+                if self.plane is not None:
+                    self.plane.close()
+            finally:
+                if self._own_redis:
+                    self.redis.stop()
 
     def __enter__(self) -> LocalCluster:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # __exit__ does not run when __enter__ fails: stop what was started so far
+            self.stop()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

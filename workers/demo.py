@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from aurora_store.bus import ControlPlane
+from workers import lifecycle
 from workers.cluster import ClusterSpec, LocalCluster
 
 HOME, REMOTE = "us-east", "eu-west"
@@ -94,7 +95,12 @@ class Display:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    # SIGTERM/SIGINT unwind through the cluster's `with`, which stops every process and server it started.
+    life = lifecycle.install("demo", harness=True)
+    return life.run(lambda: _demo(parse_args(argv)))
+
+
+def _demo(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir or ("runs/demo" if args.size == "toy" else f"runs/demo-{args.size}")).absolute()
     if run_dir.exists() and not args.keep:
         shutil.rmtree(run_dir)

@@ -1,10 +1,15 @@
 """Starting Aurora's processes as real subprocesses (for the demo, the tests and the chaos suite).
 
-Each process gets its own log file; :class:`ProcessGroup` stops them all (SIGTERM, then SIGKILL) on exit.
+Each process gets its own log file and session (its process group is its own), and ends with its starter
+even if that one is SIGKILLed (:mod:`aurora_store.testing.children`). :class:`ProcessGroup` stops them all on
+exit: SIGTERM to each, time for their graceful path (:func:`aurora_store.config.stop_grace_s`, which their
+own watchdog enforces), then SIGKILL to the whole process group of any that is left; what a process leaves
+behind in its group when it exits (e.g. torchrun's ranks, an engine's workers) is stopped with it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -12,6 +17,17 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from aurora_store import config
+from aurora_store.testing import children
+
+#: Beyond the children's grace period: the interpreter's own exit after their graceful path.
+EXIT_SLACK_S = 5.0
+
+
+def stop_timeout_s() -> float:
+    """How long a stopped child is given before it is killed."""
+    return config.stop_grace_s() + EXIT_SLACK_S
 
 
 @dataclass
@@ -25,19 +41,49 @@ class Managed:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def terminate(self, timeout: float = 20.0) -> int | None:
+    def terminate(self, timeout: float | None = None) -> int | None:
         if self.alive:
             self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
+            self.finish(time.monotonic() + (stop_timeout_s() if timeout is None else timeout))
         return self.process.returncode
 
     def kill(self) -> None:
         if self.alive:
-            self.process.kill()
+            self._kill_group()
             self.process.wait(timeout=10)
+
+    def finish(self, deadline: float) -> None:
+        """After a SIGTERM: wait until ``deadline`` for the process to exit, kill its group if it has not, and
+        collect its exit status."""
+        while not self._exited():
+            if time.monotonic() >= deadline:
+                self._kill_group()
+                break
+            time.sleep(0.05)
+        else:
+            # Exited but not collected: its pid still names its process group and cannot have been reused,
+            # so whatever it left in the group (and only that) is stopped here.
+            self._kill_group()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+
+    def _exited(self) -> bool:
+        """Whether the process has exited, without collecting it (``WNOWAIT``)."""
+        if self.process.returncode is not None:
+            return True
+        try:
+            return os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:  # collected elsewhere
+            return self.process.poll() is not None
+
+    def _kill_group(self) -> None:
+        if self.process.returncode is not None:  # collected: its pid may name someone else's group by now
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # its own session: the group is the process and its own
+        except (ProcessLookupError, PermissionError):
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -62,8 +108,7 @@ class ProcessGroup:
         log_path = self.log_dir / f"{name}.log"
         environment = {**os.environ, **self.env, **(env or {}), "PYTHONUNBUFFERED": "1"}
         with open(log_path, "ab") as log:
-            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=environment,
-                                       start_new_session=True)
+            process = children.popen(argv, stdout=log, stderr=subprocess.STDOUT, env=environment)
         managed = Managed(name, argv, process, log_path)
         self.processes[name] = managed
         return managed
@@ -71,17 +116,15 @@ class ProcessGroup:
     def __getitem__(self, name: str) -> Managed:
         return self.processes[name]
 
-    def stop_all(self, timeout: float = 20.0) -> None:
-        for managed in self.processes.values():
-            if managed.alive:
+    def stop_all(self, timeout: float | None = None) -> None:
+        """SIGTERM to every live process at once, then each is given until one shared deadline."""
+        stopping = [managed for managed in self.processes.values() if managed.alive]
+        for managed in stopping:
+            with contextlib.suppress(ProcessLookupError):
                 managed.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for managed in self.processes.values():
-            remaining = max(deadline - time.monotonic(), 0.1)
-            try:
-                managed.process.wait(timeout=remaining)
-            except subprocess.TimeoutExpired:
-                managed.kill()
+        deadline = time.monotonic() + (stop_timeout_s() if timeout is None else timeout)
+        for managed in stopping:
+            managed.finish(deadline)
 
     def __enter__(self) -> ProcessGroup:
         return self

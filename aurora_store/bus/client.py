@@ -1,7 +1,9 @@
 """Connecting to Redis: AUTH and TLS from the URL, typed errors, reconnects with backoff.
 
 Redis is only a notification channel; the bucket is the truth. Components therefore treat a lost
-connection as routine: they reconnect, and whoever may have missed events re-reads the bucket.
+connection as routine: they reconnect, and whoever may have missed events re-reads the bucket — except
+once the process is stopping (:mod:`aurora_store.shutdown`): then a failed call is not retried, so a
+process told to leave during an outage leaves at once instead of waiting out the outage.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, TypeVar
 
 import redis
 
+from aurora_store import shutdown
 from aurora_store.errors import BusAuthError, BusError
 
 T = TypeVar("T")
@@ -51,12 +54,20 @@ def connect(url: str, *, wait_s: float = 0.0, socket_timeout: float = SOCKET_TIM
                 # retrying cannot help.
                 error = BusAuthError(f"{redact(url)} closed the connection at once: it probably requires TLS "
                                      f"(use rediss://) ({exc})")
-            if isinstance(error, BusAuthError) or time.monotonic() >= deadline:
+            if isinstance(error, BusAuthError) or time.monotonic() >= deadline or shutdown.requested():
                 client.close()
-                raise error from None
+                raise _stopping(error) from None
             log.warning("Redis not reachable yet, retrying", extra={"error": str(exc)})
-            time.sleep(delay)
+            shutdown.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+def _stopping(error: BusError) -> BusError:
+    """``error``, saying so when it was not retried because the process is stopping."""
+    reason = shutdown.requested()
+    if reason is None or isinstance(error, BusAuthError):
+        return error
+    return type(error)(f"{error} (not retried: stopping on {reason})")
 
 
 def _closed_on_connect(exc: BaseException) -> bool:
@@ -144,10 +155,11 @@ class Reconnecting:
                 self._detect_restart()
                 return fn(self.client)
             except Exception as exc:
-                if not is_transient(exc) or time.monotonic() >= deadline:
-                    raise translate(exc, self.url) from exc
+                if not is_transient(exc) or time.monotonic() >= deadline or shutdown.requested():
+                    raise _stopping(translate(exc, self.url)) from exc
                 log.warning("Redis connection lost; reconnecting", extra={"error": str(exc)})
-                time.sleep(delay)
+                if shutdown.sleep(delay):
+                    raise _stopping(translate(exc, self.url)) from exc
                 delay = min(delay * 2, 1.0)
                 self._checked = 0.0  # verify the server identity on the next attempt
 

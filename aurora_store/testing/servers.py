@@ -28,12 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from aurora_store.errors import ConfigError, ServerExitedError, ServiceError
+from aurora_store.testing import children
 
 S3_ACCESS_KEY = "aurora-local"
 S3_SECRET_KEY = "aurora-local-secret"
-
-
-
 
 #: How often a server whose ports were chosen here is started on fresh ports after exiting while starting.
 START_ATTEMPTS = 3
@@ -171,7 +169,8 @@ class _Server:
                             watch=self.process if watch else None)
 
     def _popen(self, args: list[str], **kwargs: Any) -> subprocess.Popen:
-        return subprocess.Popen([*(self.launcher or []), *args], start_new_session=True, **kwargs)
+        # Stopped with whoever started it, even if that one is SIGKILLed (see aurora_store.testing.children).
+        return children.popen([*(self.launcher or []), *args], **kwargs)
 
     def _wait_for_port(self, port: int, timeout: float) -> None:
         host = getattr(self, "host", "127.0.0.1")

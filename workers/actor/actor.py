@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import socket
 import threading
 import time
@@ -29,6 +28,7 @@ from aurora_store.follow import BucketChain, Follower, Prefetcher
 from aurora_store.metrics import Metrics
 from aurora_store.store import DeltaStore, open_bucket
 from aurora_store.trust import Verifier
+from workers import lifecycle
 from workers.actor.bootstrap import bootstrap, wait_for_run
 from workers.actor.cli import ActorConfig, parse_args
 from workers.actor.intake import EventIntake
@@ -211,6 +211,7 @@ class Actor:
         self.leases.open()
         self.status = "ready"
         self.leases.token = self.plane.register_actor(self.state())
+        lifecycle.enter("serving")  # from here a stop signal sets `leaving`: the finally below leaves gracefully
         stager = Stager(self.follower, self.view, self.plane, self.metrics, actor_id=self.actor_id,
                         region=self.config.region, full_sync=self.config.full_sync, stopped=self.stopped,
                         changed=self.beat_now.set)
@@ -279,7 +280,12 @@ def main(argv: list[str] | None = None, *, wrap_engine: EngineWrapper | None = N
          meter: Throughput | None = None) -> int:
     config = parse_args(argv)
     logs.configure(f"actor:{config.actor_id or config.region}", config.run)
-    actor = Actor(config, wrap_engine=wrap_engine, meter=meter)
-    signal.signal(signal.SIGTERM, lambda *_: actor.leaving.set())
-    signal.signal(signal.SIGINT, lambda *_: actor.leaving.set())
-    return actor.run()
+    # Until run() enters "serving", SIGTERM/SIGINT unwind (connecting, waiting for the run, bootstrap); then
+    # they set `leaving` and the main loop leaves gracefully (see workers.lifecycle).
+    life = lifecycle.install("actor")
+
+    def serve() -> int:
+        actor = Actor(config, wrap_engine=wrap_engine, meter=meter)
+        life.on_stop(actor.leaving.set)
+        return actor.run()
+    return life.run(serve)

@@ -11,7 +11,6 @@ restarted relay re-reads both buckets and copies only what the regional bucket l
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from collections import OrderedDict
@@ -28,6 +27,7 @@ from aurora_store.store import DeltaStore, object_names, open_bucket
 from aurora_store.store.pool import shared_pool
 from aurora_store.store.snapshots import read_snapshot_manifest
 from aurora_store.trust import Verifier
+from workers import lifecycle
 from workers.relay.cli import RelayConfig, parse_args
 from workers.relay.serve import CacheServer, advertised_url
 
@@ -347,6 +347,7 @@ class Relay:
         self.sync()  # a restarted relay's backlog: its actors wait for it rather than all crossing regions
         last_sync = time.monotonic()
         log.info("relay ready", extra={"region": self.config.region, "home": home})
+        lifecycle.enter("serving")
         while not self.stopping.is_set():
             try:
                 for _, entry_id, event in self.plane.read_events({home: cursor}, block_ms=300):
@@ -365,6 +366,8 @@ class Relay:
                 time.sleep(0.5)
         with self._lock:
             copies = list(self.inflight.values())
+        for copy in copies:  # finish the copies under way; the rest is re-listed by the next start
+            copy.cancel()
         wait(copies)
         if self.server is not None:
             self.server.stop()
@@ -387,7 +390,10 @@ class Relay:
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     logs.configure(f"relay:{config.region}", config.run)
-    relay = Relay(config)
-    signal.signal(signal.SIGTERM, lambda *_: relay.stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: relay.stopping.set())
-    return relay.run()
+    life = lifecycle.install("relay")  # unwinds while starting; sets `stopping` once serving
+
+    def serve() -> int:
+        relay = Relay(config)
+        life.on_stop(relay.stopping.set)
+        return relay.run()
+    return life.run(serve)

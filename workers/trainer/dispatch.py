@@ -117,7 +117,9 @@ class Dispatcher:
     # --- a step ----------------------------------------------------------------------------------
 
     def start_step(self, step: int, version: int, digest: str, prompts: list[Prompt], *, group_size: int,
-                   max_new_tokens: int, wait_s: float = 600.0) -> StepLedger:
+                   max_new_tokens: int, wait_s: float = 600.0, stop: Callable[[], bool] | None = None) -> StepLedger:
+        """Dispatch ``step`` once an actor is eligible for ``version``. ``stop``: raise
+        :class:`NoEligibleActors` as soon as it returns true (the process is leaving) instead of waiting on."""
         deadline = time.monotonic() + wait_s
         while True:
             elig, actors = self._eligible(version)
@@ -125,6 +127,8 @@ class Dispatcher:
                 break
             if time.monotonic() > deadline:
                 raise NoEligibleActors(f"no actor became eligible for version {version} within {wait_s:.0f}s")
+            if stop is not None and stop():
+                raise NoEligibleActors(f"stopped while waiting for an actor eligible for version {version}")
             if elig.excluded or not actors:
                 # Lagging actors must know the version is committed to activate it once staged.
                 self.commit(version)
@@ -152,11 +156,15 @@ class Dispatcher:
                  extra={"shares": shares, "excluded": list(elig.excluded)})
         return ledger
 
-    def collect(self, ledger: StepLedger, *, timeout_s: float, tick: Callable[[], None] | None = None) -> None:
-        """Settle results until every prompt of ``ledger`` is accepted."""
+    def collect(self, ledger: StepLedger, *, timeout_s: float, tick: Callable[[], None] | None = None,
+                stop: Callable[[], bool] | None = None) -> bool:
+        """Settle results until every prompt of ``ledger`` is accepted; ``False`` if ``stop`` returned true
+        first (the process is leaving: the step is abandoned, and redone from the checkpoint on restart)."""
         deadline = time.monotonic() + timeout_s
         accepted_before = len(ledger.accepted)
         while not ledger.complete:
+            if stop is not None and stop():
+                return False
             self.pump(ledger)
             if tick is not None:
                 tick()
@@ -167,6 +175,7 @@ class Dispatcher:
                 raise TimeoutError(f"step {ledger.step}: no progress for {timeout_s:.0f}s "
                                    f"({len(ledger.accepted)}/{len(ledger.prompts)} prompts accepted)")
         ledger.check_invariants()
+        return True
 
     def pump(self, ledger: StepLedger, block_ms: int = 200) -> None:
         # Every result stamped (server clock) at or before ``now`` is delivered by the read that follows,

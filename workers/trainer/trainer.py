@@ -38,13 +38,14 @@ from aurora_store.codec import CodecParams, ModelLayout
 from aurora_store.codec.digest import ZERO, WeightsDigest
 from aurora_store.codec.sharding import LocalRows, rows_digest
 from aurora_store.config import LaunchEnv, TransferSettings, heartbeat_ttl_s
-from aurora_store.errors import AuroraError, ConfigError, DigestMismatchError
+from aurora_store.errors import AuroraError, BusError, ConfigError, DigestMismatchError, NoEligibleActors
 from aurora_store.metrics import Metrics
 from aurora_store.sched import LeasePolicy, Prompt, StepLedger, ThroughputEstimator
 from aurora_store.store import DeltaStore, object_names, open_bucket
 from aurora_store.store.publisher import VersionPublisher, utc_now
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
 from aurora_store.trust import Signer
+from workers import lifecycle
 from workers.publish.delta import PublishOutcome, RankPublisher
 from workers.publish.ranks import Ranks
 from workers.publish.snapshot import write_sharded_snapshot
@@ -325,11 +326,37 @@ class Trainer:
     def _prompts(self, step: int) -> list[Prompt]:
         return self.task.prompts(step, self.config.batch_size)
 
-    def _dispatch(self, step: int, version: int) -> StepLedger:
-        return self.dispatcher.start_step(step, version, str(self._digest_of(version)), self._prompts(step),
-                                          group_size=self.config.group_size,
-                                          max_new_tokens=self.task.max_new_tokens,
-                                          wait_s=self.config.step_timeout_s)
+    def _dispatch(self, step: int, version: int) -> StepLedger | None:
+        """Dispatch ``step`` on ``version``; ``None`` if the trainer was told to stop while waiting for actors."""
+        try:
+            return self.dispatcher.start_step(step, version, str(self._digest_of(version)), self._prompts(step),
+                                              group_size=self.config.group_size,
+                                              max_new_tokens=self.task.max_new_tokens,
+                                              wait_s=self.config.step_timeout_s, stop=self._stop_requested)
+        except NoEligibleActors:
+            if not self.stopping:
+                raise
+            return None
+
+    def _stop_requested(self) -> bool:
+        return self.stopping
+
+    def request_stop(self) -> None:
+        """Finish the step under way (train, checkpoint, publish) or abandon the one being collected, then stop.
+        Called from the signal handler: it only sets a flag."""
+        self.stopping = True
+
+    def _collect(self, ledger: StepLedger) -> bool:
+        """Settle ``ledger``; ``False`` when stopping first (a control plane that is down then ends the step
+        as abandoned instead of failing the trainer: a restart redoes it from the checkpoint)."""
+        try:
+            return self.dispatcher.collect(ledger, timeout_s=self.config.step_timeout_s, tick=self._heartbeat,
+                                           stop=self._stop_requested)
+        except BusError:
+            if not self.stopping:
+                raise
+            log.warning("control plane unreachable while stopping: step %d abandoned", ledger.step)
+            return False
 
     def _digest_of(self, version: int) -> WeightsDigest:
         if version == self.version:
@@ -349,23 +376,47 @@ class Trainer:
         return samples
 
     def run(self) -> dict[str, Any]:
-        cfg = self.config
         leader = self.ranks.leader
         self.start()
+        lifecycle.enter("training")  # a stop signal now sets `stopping`, acted on below (rank 0 tells the others)
+        try:
+            self._steps()
+        except BusError:
+            if not self.stopping:
+                raise
+            # E.g. publishing while Redis is down: the checkpoint is saved, and a restart publishes that version.
+            log.warning("control plane unreachable while stopping: stopped; a restart resumes from the checkpoint",
+                        extra={"step": self.step})
+        if leader:
+            try:
+                if not self.stopping:
+                    self.dispatcher.commit(self.version)  # let actors activate the final policy too
+                self._announce_state("done" if not self.stopping else "stopped")
+            except BusError:
+                if not self.stopping:
+                    raise
+                log.warning("control plane unreachable while stopping: state not announced")
+            self.export_run_log()
+            self.curves.close()
+        return self.summary() if leader else {}
+
+    def _steps(self) -> None:
+        cfg = self.config
+        leader = self.ranks.leader
         start_step = self.step
         # Rollouts for step k+1 are generated on version k-1 while step k trains. The first batch (and the
         # first one after a restart, when actors may already run the newest version) uses the newest version.
         pending = self._dispatch(start_step + 1, self.version) if leader and start_step < cfg.steps else None
         for step in range(start_step + 1, cfg.steps + 1):
             batch, current, wait_s = None, None, 0.0
-            if leader and not self.stopping:
+            if leader and not self.stopping and pending is not None:
                 t0 = time.monotonic()
-                self.dispatcher.collect(pending, timeout_s=cfg.step_timeout_s, tick=self._heartbeat)
-                wait_s = time.monotonic() - t0
-                current = pending
-                if step < cfg.steps:
-                    pending = self._dispatch(step + 1, self.version)
-                batch = [_sample_to_json(s) for s in self._samples(current)]
+                if self._collect(pending):
+                    wait_s = time.monotonic() - t0
+                    current = pending
+                    if step < cfg.steps:
+                        pending = self._dispatch(step + 1, self.version)
+                    batch = [_sample_to_json(s) for s in self._samples(current)]
             batch = self.ranks.broadcast(batch, "samples")  # None: rank 0 is stopping
             if batch is None:
                 break
@@ -380,13 +431,6 @@ class Trainer:
             delta_bytes, density, publish_s = self._publish(self.version + 1)
             if leader:
                 self._record(step, current, stats, wait_s, train_s, (delta_bytes, density, publish_s))
-        if leader:
-            if not self.stopping:
-                self.dispatcher.commit(self.version)  # let actors activate the final policy too
-            self._announce_state("done" if not self.stopping else "stopped")
-            self.export_run_log()
-            self.curves.close()
-        return self.summary() if leader else {}
 
     def _record(self, step: int, current: StepLedger, stats: StepStats, wait_s: float, train_s: float,
                 published: tuple[int, float, float]) -> None:
@@ -486,14 +530,17 @@ def main(argv: list[str] | None = None) -> int:
     rank = launch.rank
     if launch.launched:
         _die_with_launcher()
-    logs.configure("trainer" if rank == 0 else f"trainer-rank{rank}", cfg.run)
+    name = "trainer" if rank == 0 else f"trainer-rank{rank}"
+    logs.configure(name, cfg.run)
+    # Until run() enters "training", SIGTERM/SIGINT unwind; then they set `stopping` (see workers.lifecycle).
+    life = lifecycle.install(name)
+    return life.run(lambda: _train(cfg, life))
+
+
+def _train(cfg: TrainerConfig, life: lifecycle.Lifecycle) -> int:
     torch.manual_seed(cfg.seed)
     trainer = Trainer(cfg)
-
-    def stop(signum, _frame) -> None:
-        trainer.stopping = True  # acted on by rank 0, which tells the other ranks
-
-    signal.signal(signal.SIGTERM, stop)
+    life.on_stop(trainer.request_stop)  # acted on by rank 0, which tells the other ranks
     try:
         summary = trainer.run()
     except Exception:
