@@ -6,7 +6,6 @@ Nothing here writes the target; :func:`~aurora_store.codec.activate` does, at th
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from safetensors.torch import load as load_safetensors
@@ -14,8 +13,9 @@ from safetensors.torch import load as load_safetensors
 from aurora_store.codec.decoder import StagedDelta, StagedSnapshot, TensorUpdate, check_applicable, stage
 from aurora_store.codec.digest import WeightsDigest, hash_elements
 from aurora_store.codec.manifest import DeltaManifest, SegmentRef
-from aurora_store.codec.target import TensorTarget, WeightTarget
+from aurora_store.codec.target import SupportsScatterPlan, WeightTarget
 from aurora_store.errors import BaseVersionMismatchError, DigestMismatchError, LayoutMismatchError
+from aurora_store.store.pool import shared_pool
 from aurora_store.store.snapshots import SnapshotManifest, read_snapshot_file, read_snapshot_manifest
 from aurora_store.store.transfer import fetch_segments
 from aurora_store.store.versions import DeltaStore
@@ -69,11 +69,10 @@ def stage_snapshot(store: DeltaStore, version: int, target: WeightTarget, *,
     if target.version is None or target.version >= version:
         raise BaseVersionMismatchError(f"snapshot {version} cannot be staged on a target at version {target.version}")
     entries = [f for f in snapshot.files if f.name in snapshot.weight_files]
-    workers = max(1, min(streams or store.settings.streams, len(entries)))
+    lanes = shared_pool().lanes(max(1, min(streams or store.settings.streams, len(entries))))
     state: dict[str, torch.Tensor] = {}
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="aurora-snap") as pool:
-        for data in pool.map(lambda entry: read_snapshot_file(store, snapshot, entry.name), entries):
-            state.update(load_safetensors(data))
+    for future in [lanes.submit(read_snapshot_file, store, snapshot, entry.name) for entry in entries]:
+        state.update(load_safetensors(future.result()))
     new_fused: dict[str, list[torch.Tensor]] = {}
     for tensor, _offset, bits in layout.pieces(state):  # checks names, shapes and dtypes
         new_fused.setdefault(tensor.name, []).append(bits)
@@ -88,7 +87,7 @@ def stage_snapshot(store: DeltaStore, version: int, target: WeightTarget, *,
             continue
         new_bits, old_bits = new[indices].contiguous(), old[indices].contiguous()
         delta = delta + hash_elements(tensor.name, indices, new_bits) - hash_elements(tensor.name, indices, old_bits)
-        plan = target.plan_scatter(tensor.name, indices) if isinstance(target, TensorTarget) else None
+        plan = target.plan_scatter(tensor.name, indices) if isinstance(target, SupportsScatterPlan) else None
         updates.append(TensorUpdate(tensor.name, indices, new_bits, plan))
     if str(target.digest + delta) != snapshot.weights_digest:
         raise DigestMismatchError(f"snapshot {version} would give weights digest {target.digest + delta}, "

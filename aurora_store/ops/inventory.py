@@ -8,10 +8,7 @@ never hides the state of the rest of the bucket.
 from __future__ import annotations
 
 import re
-import threading
-import weakref
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -19,6 +16,7 @@ from aurora_store.codec.manifest import DeltaManifest
 from aurora_store.errors import FormatError, ObjectNotFoundError, StoreError
 from aurora_store.ops.problems import Problem
 from aurora_store.store import object_names, retry
+from aurora_store.store.pool import shared_pool
 from aurora_store.store.snapshots import SnapshotManifest
 from aurora_store.store.versions import DeltaStore
 
@@ -70,26 +68,16 @@ class Inventory:
         return {fp: sorted(set(vs)) for fp, vs in out.items()}
 
 
-_POOLS: weakref.WeakKeyDictionary[DeltaStore, ThreadPoolExecutor] = weakref.WeakKeyDictionary()
-_POOLS_LOCK = threading.Lock()
-
-
 def parallel_map(store: DeltaStore, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
-    """``fn`` over ``items`` on the store's transfer streams: remote buckets are latency-bound, so checking
-    thousands of objects one request at a time would take minutes.
-
-    The threads are kept per store (for as long as the store lives) rather than started per call: S3
-    clients are made per thread, and making one costs far more than the requests it serves here.
-    """
+    """``fn`` over ``items`` on the store's transfer streams (the process's one transfer pool, ``S`` at a time):
+    remote buckets are latency-bound, so checking thousands of objects one request at a time would take
+    minutes."""
     items = list(items)
     if len(items) <= 1 or store.settings.streams <= 1:
         return [fn(item) for item in items]
-    with _POOLS_LOCK:
-        pool = _POOLS.get(store)
-        if pool is None:
-            pool = _POOLS[store] = ThreadPoolExecutor(max_workers=store.settings.streams,
-                                                      thread_name_prefix="aurora-ops")
-    return list(pool.map(fn, items))
+    lanes = shared_pool().lanes(store.settings.streams)
+    futures = [lanes.submit(fn, item) for item in items]
+    return [future.result() for future in futures]
 
 
 def object_size(store: DeltaStore, key: str) -> int | None:

@@ -16,9 +16,10 @@ from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.manifest import DeltaManifest
 from aurora_store.codec.target import TensorTarget, WeightTarget
 from aurora_store.errors import AuroraError, DigestMismatchError
-from aurora_store.ops.inventory import Inventory, parallel_map
+from aurora_store.ops.inventory import Inventory
 from aurora_store.ops.problems import Problem
 from aurora_store.store.snapshots import load_snapshot
+from aurora_store.store.transfer import fetch_segments
 from aurora_store.store.versions import DeltaStore
 
 
@@ -66,15 +67,14 @@ def replay_between_snapshots(store: DeltaStore, inventory: Inventory, layouts: M
 
 
 def _apply(store: DeltaStore, manifest: DeltaManifest, target: WeightTarget, problems: list[Problem]) -> str | None:
-    """Apply one delta as an actor would (:func:`aurora_store.store.replay.replay`), but from the manifest the
-    inventory read (the store's manifest cache could hold an older copy of a rewritten manifest). Returns
+    """Apply one delta as a follower would (stage, then activate), but from the manifest the inventory read
+    (the store's manifest cache could hold an older copy of a rewritten manifest). Returns
     why it could not be applied, or ``None``."""
     if any(p.version == manifest.version and p.code.startswith("segment_") for p in problems):
         return "its segments are damaged (see above)"  # no point fetching them again
     try:
         check_applicable(manifest, target)
-        segments = parallel_map(store, lambda ref: (ref, store.get_segment(ref)), manifest.segments)
-        activate(stage(manifest, segments, target), target)
+        activate(stage(manifest, fetch_segments(store, manifest.segments), target), target)
     except AuroraError as exc:
         return f"cannot be applied on top of version {target.version}: {exc}"
     return None
