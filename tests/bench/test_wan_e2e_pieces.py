@@ -22,18 +22,26 @@ def test_step_intervals_leave_out_the_bootstrap():
 
 
 def test_actor_sim_full_length_charges_the_whole_budget():
-    from workers.actor.actor import Actor
-    from workers.actor.cli import parse_args
+    """With ``--sim-full-length`` an emulated batch takes samples × budget / rate, whatever was sampled."""
+    import time
 
-    common = ["--bucket", "b", "--redis", "redis://x", "--region", "r", "--engine", "torch", "--sim-tokens-per-s", "7"]
-    assert parse_args(common).sim_full_length is False
-    full = parse_args([*common, "--sim-full-length"])
-    assert full.sim_full_length is True
-    actor = Actor.__new__(Actor)  # only the pure accounting: no engine, bucket or Redis behind it
-    actor.config = full
-    assert actor._charged(tokens=41, samples=24, max_new_tokens=3) == 72
-    actor.config = parse_args(common)
-    assert actor._charged(tokens=41, samples=24, max_new_tokens=3) == 41
+    from workers.actor.emulated import EmulatedEngine, parse
+    from workers.engines import Completion
+
+    class OneToken:
+        name, target = "one", None
+
+        def generate(self, prompts, group_size, max_new_tokens, temperature, seed):
+            return [[Completion((1,), (0.0,), "") for _ in range(group_size)] for _ in prompts]
+
+    common = ["--bucket", "b", "--redis", "redis://x", "--region", "r", "--engine", "torch", "--sim-tokens-per-s", "80"]
+    plain, rest = parse(common)
+    full, _ = parse([*common, "--sim-full-length"])
+    assert plain.sim_full_length is False and full.sim_full_length is True and "--sim-tokens-per-s" not in rest
+    for emulation, expected in ((full, 2 * 4 * 4 / 80), (plain, 2 * 4 / 80)):  # 2 prompts × 4 samples, budget 4
+        started = time.perf_counter()
+        EmulatedEngine(OneToken(), emulation).generate(["a", "b"], 4, 4, 1.0, seed=0)  # type: ignore[arg-type]
+        assert expected <= time.perf_counter() - started < expected + 0.15
 
 
 def test_delta_sf_mode_waits_for_the_manifest_and_reads_no_relay_cache():
@@ -41,6 +49,7 @@ def test_delta_sf_mode_waits_for_the_manifest_and_reads_no_relay_cache():
     from benchmarks.wan_bench.config import E2EConfig
     from benchmarks.wan_bench.e2e import mode_args
     from workers.actor.cli import parse_args
+    from workers.actor.emulated import parse
     from workers.relay.cli import build_parser
 
     cfg = E2EConfig()
@@ -48,8 +57,8 @@ def test_delta_sf_mode_waits_for_the_manifest_and_reads_no_relay_cache():
     sf_actor, sf_relay = mode_args(cfg, "delta_sf")
     assert sf_actor == [*delta_actor, "--no-prefetch"] and delta_relay == [] and sf_relay == ["--no-serve-cache"]
     common = ["--bucket", "file:///tmp/x", "--redis", "redis://127.0.0.1:1/0", "--region", "r"]
-    assert parse_args([*common, *delta_actor]).prefetch is True
-    assert parse_args([*common, *sf_actor]).prefetch is False
+    assert parse_args([*common, *parse(delta_actor)[1]]).prefetch is True  # the emulating actor's own flags aside
+    assert parse_args([*common, *parse(sf_actor)[1]]).prefetch is False
     relay = build_parser().parse_args(["--source", "file:///a", "--dest", "file:///b", "--region", "r",
                                        "--redis", "redis://127.0.0.1:1/0", *sf_relay])
     assert relay.serve_cache is False
