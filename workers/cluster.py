@@ -7,36 +7,17 @@ import json
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aurora_store.bus import ControlPlane
+from aurora_store.errors import ServiceError
 from aurora_store.store import DeltaStore, open_bucket
 from aurora_store.testing.servers import RedisServer
-from workers.actor.emulated import FLAGS as EMULATION_FLAGS
+from workers.cluster_spec import ClusterSpec, Commands
 from workers.launch import Managed, ProcessGroup
 
-
-@dataclass
-class ClusterSpec:
-    run_dir: Path
-    steps: int = 12
-    batch_size: int = 16
-    group_size: int = 8
-    home: str = "us-east"
-    actors: dict[str, int] = field(default_factory=lambda: {"us-east": 1, "eu-west": 2})
-    engine: str = "torch"
-    snapshot_every: int = 10
-    run: str = "test"
-    bucket_urls: dict[str, str] | None = None  # region -> URL; default: local directories under run_dir
-    trainer_args: list[str] = field(default_factory=list)
-    actor_args: list[str] = field(default_factory=list)
-    relay_args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    signing: bool = True  # the trainer signs manifests; actors and relays verify them
-    metrics: bool = False  # give every process a Prometheus endpoint on a free port
-    trainer_ranks: int = 1  # > 1: the trainer runs data parallel under torchrun (FSDP2, gloo on CPU)
+__all__ = ["ClusterSpec", "LocalCluster"]
 
 
 class LocalCluster:
@@ -65,9 +46,11 @@ class LocalCluster:
                 self.signing_key, self.public_key = key_dir / "trainer.key", key_dir / "trainer.pub"
             else:
                 self.signing_key, self.public_key = write_keypair(key_dir)
-        self.plane: ControlPlane | None = None
+        self.commands = Commands(spec, self.run_dir, self.buckets, self.redis, signing_key=self.signing_key,
+                                 public_key=self.public_key)
+        self.metrics_ports = self.commands.metrics_ports  # process name -> its Prometheus port
+        self._plane: ControlPlane | None = None  # opened once Redis runs (start or connect)
         self.actor_ids: list[str] = []
-        self.metrics_ports: dict[str, int] = {}
         self._restarts = 0
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -82,68 +65,38 @@ class LocalCluster:
         for region, count in sorted(self.spec.actors.items()):
             for i in range(1, count + 1):
                 self.start_actor(f"{region}-{i}", region)
-        self.plane = ControlPlane(self.redis.url, self.spec.run)
+        self.connect()
         return self
 
-    @property
-    def common(self) -> list[str]:
-        return ["--redis", self.redis.url, "--run", self.spec.run]
-
-    def _metrics_args(self, name: str) -> list[str]:
-        if not self.spec.metrics:
-            return []
-        from aurora_store.testing.servers import free_port
-
-        self.metrics_ports[name] = port = free_port()
-        return ["--metrics-port", str(port)]
+    def connect(self) -> ControlPlane:
+        """Open the cluster's view of the control plane (``start`` does; a caller that starts the processes
+        itself calls it once Redis runs)."""
+        if self._plane is None:
+            self._plane = ControlPlane(self.redis.url, self.spec.run)
+        return self._plane
 
     @property
-    def trust_args(self) -> list[str]:
-        return ["--trainer-public-key", str(self.public_key)] if self.public_key else []
+    def plane(self) -> ControlPlane:
+        if self._plane is None:
+            raise ServiceError("the cluster's control plane is not open yet: start() or connect() the cluster")
+        return self._plane
 
     def start_trainer(self, extra: list[str] | None = None) -> Managed:
         name = "trainer" if not self._restarts else f"trainer-{self._restarts}"
         self._restarts += 1
-        # Under torchrun the launcher is the managed process: its exit code is the ranks' and SIGTERM reaches
-        # every rank (rank 0 finishes the step and tells the others to stop).
-        module, launcher = "workers.trainer", []
-        if self.spec.trainer_ranks > 1:
-            module = "torch.distributed.run"
-            launcher = ["--standalone", "--nproc-per-node", str(self.spec.trainer_ranks), "-m", "workers.trainer"]
-        return self.group.start(name, module, [*launcher, *self._metrics_args(name),
-            "--bucket", self.buckets[self.spec.home], "--region", self.spec.home, "--steps", str(self.spec.steps),
-            "--batch-size", str(self.spec.batch_size), "--group-size", str(self.spec.group_size),
-            "--checkpoint-dir", str(self.run_dir / "trainer"), "--snapshot-every", str(self.spec.snapshot_every),
-            *(["--signing-key", str(self.signing_key)] if self.signing_key else []),
-            *(self.common if not launcher else self._torchrun_safe(self.common)), *self.spec.trainer_args,
-            *(extra or [])])
-
-    @staticmethod
-    def _torchrun_safe(args: list[str]) -> list[str]:
-        """torchrun claims ``--run`` (a prefix of its ``--run-path``); the trainer also accepts ``--run-name``."""
-        return ["--run-name" if a == "--run" else a for a in args]
+        module, args = self.commands.trainer(name, extra)
+        return self.group.start(name, module, args)
 
     def start_relay(self, region: str, extra: list[str] | None = None, name: str | None = None) -> Managed:
         name = name or f"relay-{region}"
-        return self.group.start(name, "workers.relay", [*self._metrics_args(name),
-            "--source", self.buckets[self.spec.home], "--dest", self.buckets[region], "--region", region,
-            "--cache-bind", "127.0.0.1", "--cache-port", "0", "--cache-host", "127.0.0.1",
-            *self.common, *self.trust_args, *self.spec.relay_args, *(extra or [])])
+        return self.group.start(name, "workers.relay", self.commands.relay(name, region, extra))
 
     def start_actor(self, actor_id: str, region: str, extra: list[str] | None = None, *,
                     env: dict[str, str] | None = None) -> Managed:
         if actor_id not in self.actor_ids:
             self.actor_ids.append(actor_id)
-        args = [*self._metrics_args(f"actor-{actor_id}"),
-                "--bucket", self.buckets[region], "--source-bucket", self.buckets[self.spec.home], "--region", region,
-                "--id", actor_id, "--engine", self.spec.engine,
-                "--cache-dir", str(self.run_dir / "cache" / actor_id), *self.common, *self.trust_args,
-                *self.spec.actor_args, *(extra or [])]
-        # Actors asked to emulate a slower (or throttled, or boastful) engine run the emulating entry point; the
-        # production actor has no such flags.
-        emulated = any(a.split("=")[0] in EMULATION_FLAGS for a in args)
-        return self.group.start(f"actor-{actor_id}", "workers.actor.emulated" if emulated else "workers.actor",
-                                args, env=env)
+        module, args = self.commands.actor(actor_id, region, extra)
+        return self.group.start(f"actor-{actor_id}", module, args, env=env)
 
     def stop(self) -> None:
         """Stop every process (actors leave while Redis still runs), then Redis; each step even if one before
@@ -152,8 +105,8 @@ class LocalCluster:
             self.group.stop_all()
         finally:
             try:
-                if self.plane is not None:
-                    self.plane.close()
+                if self._plane is not None:
+                    self._plane.close()
             finally:
                 if self._own_redis:
                     self.redis.stop()

@@ -247,6 +247,5 @@ class ControlPlane:
         self._redis.call(go)
 
     def run_log(self, count: int = 100_000) -> list[dict[str, str]]:
-        entries = self._redis.call(lambda r: r.xrange(self.keys.run_log, count=count))
-        return [{"id": streams.decode(i), **{streams.decode(k): streams.decode(v) for k, v in f.items()}}
-                for i, f in entries]
+        entries = self._redis.call(lambda r: streams.read_range(r, self.keys.run_log, count=count))
+        return [{"id": e.id, **e.fields} for e in entries]

@@ -86,6 +86,11 @@ def read(client: redis.Redis, streams: Mapping[str, str], *, block_ms: int | Non
     return out
 
 
+def read_range(client: redis.Redis, stream: str, *, count: int) -> list[Entry]:
+    """The oldest ``count`` entries of ``stream`` (XRANGE), in order."""
+    return [_entry(stream, raw_id, raw_fields) for raw_id, raw_fields in client.xrange(stream, count=count) or []]
+
+
 def ensure_group(client: redis.Redis, stream: str, group: str, start: str = "0") -> None:
     """Create a consumer group (and the stream) if missing; idempotent."""
     try:

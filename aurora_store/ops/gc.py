@@ -267,8 +267,8 @@ def _deletions(store: DeltaStore, inv: Inventory, oldest: int | None, removed_de
         declared = {f.name: f.size for f in inv.snapshots[version].files} if version in inv.snapshots else {}
         files = [k for k in inv.snapshot_keys[version] if k != object_names.snapshot_manifest(version)]
         prefix = object_names.snapshot_dir(version)
-        sizes = [declared.get(k[len(prefix):]) for k in files]
-        sizes = [s if s is not None else object_size(store, k) or 0 for k, s in zip(files, sizes)]
+        listed = [declared.get(k[len(prefix):]) for k in files]
+        sizes = [s if s is not None else object_size(store, k) or 0 for k, s in zip(files, listed)]
         out += [Deletion(k, s, "snapshot_file") for k, s in zip(files, sizes)]
     kept_segments = {ref.digest for v in kept_deltas if v in inv.deltas for ref in inv.deltas[v].segments}
     dropped: dict[str, int] = {}

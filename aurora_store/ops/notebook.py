@@ -91,9 +91,9 @@ def show_tensor_changes(view: BucketView) -> None:
     if view.layout is None:
         return no_data("the bucket stores no layout for its versions")
     by_tensor = inspect.change_matrix(view.versions, view.layout, by="tensor")
-    if by_tensor is None:
-        return no_data("no published versions")
     by_layer = inspect.change_matrix(view.versions, view.layout, by="layer")
+    if by_tensor is None or by_layer is None:
+        return no_data("no published versions")
     fig, (left, right) = figure(13, max(4.0, 0.16 * len(by_tensor.rows) + 1.5), cols=2)
     plots.change_heatmap(left, by_tensor)
     plots.change_heatmap(right, by_layer, "changed fraction per layer")

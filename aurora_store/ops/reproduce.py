@@ -36,7 +36,7 @@ def replay_between_snapshots(store: DeltaStore, inventory: Inventory, layouts: M
         return 0, 0
     last = max([*inventory.deltas, *inventory.snapshots])
     target: WeightTarget | None = None
-    origin: int | None = None  # the snapshot the running target was loaded from
+    origin = min(inventory.snapshots)  # the snapshot the running target was loaded from (read while there is one)
     replayed = reproduced = 0
     for version in range(min(inventory.snapshots), last + 1):
         if target is not None and version in inventory.deltas and target.version == version - 1:

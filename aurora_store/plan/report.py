@@ -55,7 +55,7 @@ def limits(plan: Plan, delta: SimResult, ideal: SimResult) -> dict[str, Any]:
                  if region.name in s.staged_s and s.train_end_s is not None]
         if waits:  # from the end of training until the region's last actor has D_v staged
             candidates[f"train+delivery to {region.name}"] = plan.train_s + statistics.median(waits)
-    binding = max(candidates, key=candidates.get)
+    binding = max(candidates, key=candidates.__getitem__)
     excluded = statistics.fmean([s.excluded for s in steady]) if steady else 0.0
     return {"seconds": {k: round(v, 3) for k, v in candidates.items()}, "binding": binding,
             "excluded_actors_per_step": round(excluded, 2),

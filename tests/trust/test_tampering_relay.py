@@ -72,20 +72,17 @@ def test_forged_deltas_are_refused_and_the_run_continues_from_the_source(tmp_pat
     cluster = LocalCluster(spec)
     cluster.redis.start()
     try:
-        cluster.plane = None
         cluster.start_trainer()
         cluster.start_actor("us-east-1", "us-east")
         for i in (1, 2):
             cluster.start_actor(f"eu-west-{i}", "eu-west")
         relay = ForgingRelay(parse_args([
             "--source", cluster.buckets["us-east"], "--dest", cluster.buckets["eu-west"], "--region", "eu-west",
-            "--redis", cluster.redis.url, "--run", spec.run, *cluster.trust_args]))
+            "--redis", cluster.redis.url, "--run", spec.run, *cluster.commands.trust]))
         relay.forged = []
         thread = threading.Thread(target=relay.run, daemon=True)
         thread.start()
-        from aurora_store.bus import ControlPlane
-
-        cluster.plane = ControlPlane(cluster.redis.url, spec.run)
+        cluster.connect()
         summary = cluster.wait_trainer_done(300)
         final = summary["trainer_version"]
         cluster.wait_for(lambda: all(s.active_version == final for s, _ in cluster.plane.actors().values())

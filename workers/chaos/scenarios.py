@@ -481,7 +481,7 @@ def trainer_restarts(run_dir: Path, quick: bool) -> ScenarioResult:
                           "versions": len(store.versions())}
         result.invariants["resumed_from_checkpoint"] = bool(resumes)
         result.invariants["actors_kept_their_version_while_down"] = all(
-            during.get(a) is not None and during[a] >= (v or 0) for a, v in versions_before.items())
+            (d := during.get(a)) is not None and d >= (v or 0) for a, v in versions_before.items())
         result.longest_stall_s = longest_stall(log, cluster.actor_ids, killed, ms(log[-1]))
         finish(result, cluster, summary, log, expected_steps=steps)
     return result

@@ -66,7 +66,8 @@ class Ranks:
         """Rank 0's JSON-serialisable ``doc`` on every rank (other ranks pass anything, e.g. ``None``)."""
         if not self.sharded:
             return doc
-        box = [json.dumps(doc, separators=(",", ":")) if self.leader else None]
+        # Filled in place with rank 0's (unpickled) string, whatever each rank put there.
+        box: list[Any] = [json.dumps(doc, separators=(",", ":")) if self.leader else None]
         dist.broadcast_object_list(box, src=0)
         self.traffic[purpose] += len(box[0])
         return json.loads(box[0])
@@ -76,7 +77,7 @@ class Ranks:
         if not self.sharded:
             return [doc]
         text = json.dumps(doc, separators=(",", ":"))
-        out: list[str | None] | None = [None] * self.world if self.leader else None
+        out: list[Any] | None = [None] * self.world if self.leader else None  # filled with every rank's text
         dist.gather_object(text, out, dst=0)
         if out is None:
             self.traffic[purpose] += len(text)

@@ -337,6 +337,8 @@ class Relay:
         while home is None and not self.stopping.is_set():
             time.sleep(0.5)
             home = (self.source.run_info() or {}).get("home_region")
+        if home is None:  # told to stop before the run had begun: nothing to relay
+            return 0
         cursor = self.plane.latest_event_id(home) if home else "0"
         self.progress_at = time.monotonic()
         if self.server is not None:

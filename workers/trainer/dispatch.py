@@ -216,7 +216,7 @@ class Dispatcher:
         if result is not None and result.lease_id not in ledger.leases:
             self.stats.stale += 1
         verdict = ledger.settle(result, arrival)
-        if verdict.accepted:
+        if verdict.accepted and result is not None:  # settle() rejects a missing (malformed) result
             self.stats.accepted += 1
             self.stats.per_actor_accepted[result.actor_id] += 1
             self.metrics.rollouts.labels("accepted", "ok").inc()

@@ -217,7 +217,10 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
         verify = Verifier.load(init_info.trainer_public_key, init_info.run) if init_info.trainer_public_key else None
         # The layout comes from a signed manifest of the starting version (its document is checked against
         # the manifest's fingerprint when read).
-        store, manifest = self._first_manifest(stores, init_info.version, verify)
+        version = init_info.version
+        if version is None:
+            raise ConfigError("the aurora backend follows a bucket from a version: init_info['version'] is None")
+        store, manifest = self._first_manifest(stores, version, verify)
         if init_info.run is not None:
             run = (store.run_info() or {}).get("run")
             if run != init_info.run:

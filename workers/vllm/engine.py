@@ -38,7 +38,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -61,6 +61,9 @@ from workers.vllm.wire import (
     sum_digests,
     unpack_bits,
 )
+
+if TYPE_CHECKING:
+    from vllm import LLM
 
 #: Environment the engine needs on our machines unless the caller set otherwise: no Hub access, and a
 #: bounded KV cache on the CPU backend (GiB).
@@ -291,10 +294,11 @@ class VllmEngine:
             engine_args["gpu_memory_utilization"] = gpu_memory_utilization
         if tensor_parallel_size > 1:
             engine_args["tensor_parallel_size"] = tensor_parallel_size
-        self.llm = LLM(model=str(model_dir), dtype="bfloat16", enforce_eager=enforce_eager,
-                       max_model_len=self.max_model_len, seed=seed, worker_extension_cls=EXTENSION_PATH,
-                       logprobs_mode="processed_logprobs",
-                       weight_transfer_config={"backend": BACKEND_NAME}, **engine_args)
+        self._llm: LLM | None = None  # None once closed
+        self._llm = LLM(model=str(model_dir), dtype="bfloat16", enforce_eager=enforce_eager,
+                        max_model_len=self.max_model_len, seed=seed, worker_extension_cls=EXTENSION_PATH,
+                        logprobs_mode="processed_logprobs",
+                        weight_transfer_config={"backend": BACKEND_NAME}, **engine_args)
         problems = self._rpc(RPC_ATTACH, (layout.to_json(),))
         flat = sorted({p for rank in problems for p in rank})
         if flat:
@@ -331,11 +335,19 @@ class VllmEngine:
         (``activate`` has flushed already)."""
         self.target.flush()
 
+    @property
+    def llm(self) -> LLM:
+        """vLLM's client; :class:`EngineError` once the engine is closed."""
+        llm = getattr(self, "_llm", None)
+        if llm is None:
+            raise EngineError("the engine is closed")
+        return llm
+
     def close(self) -> None:
-        llm = getattr(self, "llm", None)
+        llm = getattr(self, "_llm", None)
         if llm is None:
             return
-        self.llm = None
+        self._llm = None
         llm.llm_engine.engine_core.shutdown()
 
     # --- engine-side helpers -----------------------------------------------------------------------
@@ -353,10 +365,9 @@ class VllmEngine:
             return self._rpc(method, args, kwargs)
 
     def _rpc(self, method: str, args: tuple, kwargs: dict[str, Any] | None = None) -> list:
-        if self.llm is None:
-            raise EngineError("the engine is closed")
+        llm = self.llm
         try:
-            return self.llm.collective_rpc(method, args=args, kwargs=kwargs or None)
+            return llm.collective_rpc(method, args=args, kwargs=kwargs or None)
         except AuroraError:
             raise
         except Exception as exc:  # vLLM reports worker failures as plain exceptions

@@ -1,0 +1,119 @@
+"""The step loop, one-step asynchronous: rollouts for step k+1 are generated on version k-1 while step k
+trains. Rank 0 dispatches and collects (:mod:`.dispatch`) and broadcasts each step's samples; every rank
+trains on its slice, checkpoints its shard and publishes its rows."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aurora_store.errors import BusError, NoEligibleActors
+from aurora_store.sched import StepLedger
+from workers.publish.ranks import Ranks
+from workers.rl.grpo import Sample
+from workers.rl.task import AdditionTask, MathFileTask
+from workers.trainer import checkpoint
+from workers.trainer.cli import TrainerConfig
+from workers.trainer.leader import Leader
+from workers.trainer.publishing import Publishing
+from workers.trainer.state import Progress, Started
+
+log = logging.getLogger("aurora.trainer")
+
+
+class StepLoop:
+    def __init__(self, config: TrainerConfig, ranks: Ranks, task: AdditionTask | MathFileTask, tokenizer: Any,
+                 started: Started, publishing: Publishing, progress: Progress, leader: Leader | None, *,
+                 stopping: Callable[[], bool]) -> None:
+        self.config = config
+        self.ranks = ranks
+        self.task = task
+        self.tokenizer = tokenizer
+        self.started = started
+        self.publishing = publishing
+        self.progress = progress
+        self.leader = leader
+        self.stopping = stopping  # set by a stop signal: finish the step under way, or abandon the one collected
+
+    def run(self) -> None:
+        """Train from the step after ``progress.step`` to ``--steps`` (or until told to stop)."""
+        cfg = self.config
+        leader = self.leader
+        progress = self.progress
+        start_step = progress.step
+        # Rollouts for step k+1 are generated on version k-1 while step k trains. The first batch (and the
+        # first one after a restart, when actors may already run the newest version) uses the newest version.
+        pending = self._dispatch(leader, start_step + 1, progress.version) \
+            if leader is not None and start_step < cfg.steps else None
+        for step in range(start_step + 1, cfg.steps + 1):
+            batch, current, wait_s = None, None, 0.0
+            if leader is not None and not self.stopping() and pending is not None:
+                t0 = time.monotonic()
+                if self._collect(leader, pending):
+                    wait_s = time.monotonic() - t0
+                    current = pending
+                    if step < cfg.steps:
+                        pending = self._dispatch(leader, step + 1, progress.version)
+                    batch = [_sample_to_json(s) for s in self._samples(current)]
+            batch = self.ranks.broadcast(batch, "samples")  # None: rank 0 is stopping
+            if batch is None:
+                break
+            t1 = time.monotonic()
+            stats = self.started.learner.step([_sample_from_json(s) for s in batch])
+            train_s = time.monotonic() - t1
+            progress.step = step
+            progress.rewards.append(stats.mean_reward)
+            counters = leader.dispatcher.stats.as_counters() if leader is not None else {}
+            self.started.save_checkpoint(cfg.checkpoint_dir, checkpoint.CheckpointInfo(
+                step, progress.version + 1, progress.rewards, cfg.seed, counters, self.ranks.world, progress.version),
+                self.ranks)
+            outcome = self.publishing.publish(self.started.policy, progress.version + 1)
+            if leader is not None and current is not None:  # rank 0 collected this step's batch
+                leader.report.record(step, progress.version, current, stats, wait_s, train_s, outcome)
+
+    def _dispatch(self, leader: Leader, step: int, version: int) -> StepLedger | None:
+        """Dispatch ``step`` on ``version``; ``None`` if the trainer was told to stop while waiting for actors."""
+        try:
+            return leader.dispatcher.start_step(step, version, str(self.publishing.digest_of(version)),
+                                                self.task.prompts(step, self.config.batch_size),
+                                                group_size=self.config.group_size,
+                                                max_new_tokens=self.task.max_new_tokens,
+                                                wait_s=self.config.step_timeout_s, stop=self.stopping)
+        except NoEligibleActors:
+            if not self.stopping():
+                raise
+            return None
+
+    def _collect(self, leader: Leader, ledger: StepLedger) -> bool:
+        """Settle ``ledger``; ``False`` when stopping first (a control plane that is down then ends the step
+        as abandoned instead of failing the trainer: a restart redoes it from the checkpoint)."""
+        try:
+            return leader.dispatcher.collect(ledger, timeout_s=self.config.step_timeout_s,
+                                             tick=lambda: leader.announce_state(self.progress), stop=self.stopping)
+        except BusError:
+            if not self.stopping():
+                raise
+            log.warning("control plane unreachable while stopping: step %d abandoned", ledger.step)
+            return False
+
+    def _samples(self, ledger: StepLedger) -> list[Sample]:
+        samples = []
+        for prompt_id, result in ledger.accepted.items():
+            prompt = ledger.prompts[prompt_id]
+            prompt_ids = tuple(self.tokenizer(prompt.text).input_ids)
+            for sample in result.samples:
+                samples.append(Sample(prompt_ids, tuple(sample["ids"]), tuple(sample["logprobs"]),
+                                      self.task.reward(prompt, sample["text"]), prompt_id))
+        return samples
+
+
+def _sample_to_json(sample: Sample) -> list[Any]:
+    return [list(sample.prompt_ids), list(sample.completion_ids), list(sample.old_logprobs), sample.reward,
+            sample.group]
+
+
+def _sample_from_json(doc: list[Any]) -> Sample:
+    prompt_ids, completion_ids, logprobs, reward, group = doc
+    return Sample(tuple(prompt_ids), tuple(completion_ids), tuple(logprobs), float(reward), str(group))
