@@ -15,7 +15,6 @@ and raises :class:`~aurora_store.errors.ConfigError` for what it does not accept
 
 from __future__ import annotations
 
-import importlib
 import re
 import threading
 from collections.abc import Mapping
@@ -25,6 +24,7 @@ from types import MappingProxyType
 from typing import Protocol, TypeAlias, cast
 from urllib.parse import parse_qs, urlparse
 
+from aurora_store import plugins
 from aurora_store.config import TransferSettings
 from aurora_store.errors import ConfigError
 from aurora_store.store.base import Bucket
@@ -34,7 +34,6 @@ ENTRY_POINT_GROUP = "aurora_store.buckets"
 # RFC 3986 scheme syntax, lower case (urlparse lowers what it reads), and at least two characters: a one-letter
 # "scheme" is a Windows drive (``C:/runs``), which opens as a local path, so such a scheme could never be reached.
 _SCHEME = re.compile(r"[a-z][a-z0-9+.-]+\Z")
-_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*\Z")  # "package.module:attr[.attr]"
 
 
 @dataclass(frozen=True)
@@ -162,7 +161,7 @@ def _check_scheme(scheme: object) -> str:
 
 def _check_factory(scheme: str, factory: object) -> None:
     if isinstance(factory, str):
-        if not _TARGET.match(factory):
+        if not plugins.TARGET.match(factory):
             raise ConfigError(f"bucket scheme {scheme!r}: {factory!r} is not a 'package.module:attr' string")
     elif not callable(factory):
         raise ConfigError(f"bucket scheme {scheme!r}: the factory must be callable or a 'package.module:attr' "
@@ -172,16 +171,8 @@ def _check_factory(scheme: str, factory: object) -> None:
 def _load(scheme: str, spec: FactorySpec) -> BucketFactory:
     if not isinstance(spec, str):
         return spec
-    module_name, _, attr = spec.partition(":")
-    try:
-        target: object = importlib.import_module(module_name)
-        for part in attr.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"bucket scheme {scheme!r}: cannot load its factory {spec!r}: {exc}") from exc
-    if not callable(target):
-        raise ConfigError(f"bucket scheme {scheme!r}: {spec!r} is not callable")
-    return cast(BucketFactory, target)  # a callable taking (url, *, create, settings), as documented
+    # a callable taking (url, *, create, settings), as documented
+    return cast(BucketFactory, plugins.resolve(spec, f"bucket scheme {scheme!r}"))
 
 
 def _describe(spec: FactorySpec) -> str:

@@ -9,12 +9,13 @@ of that name is loaded: this package never imports an engine (vLLM is heavy and 
 
 from __future__ import annotations
 
-import importlib
 import logging
 import threading
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import cast
 
+from aurora_store import plugins
 from aurora_store.codec import ModelLayout
 from aurora_store.errors import ConfigError
 from workers.engines.base import Engine, EngineFactory, EngineOptions
@@ -82,16 +83,5 @@ def _entry_points_locked() -> dict[str, str]:
 
 
 def _resolve(name: str, spec: str) -> EngineFactory:
-    """``"package.module:attr.attr"`` → the object (the attribute path may name a classmethod)."""
-    module_name, _, attr_path = spec.partition(":")
-    if not module_name or not attr_path:
-        raise ConfigError(f"engine {name!r}: {spec!r} is not of the form 'module:attr'")
-    try:
-        obj: object = importlib.import_module(module_name)
-        for attr in attr_path.split("."):
-            obj = getattr(obj, attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"engine {name!r}: cannot load {spec!r}: {exc}") from exc
-    if not callable(obj):
-        raise ConfigError(f"engine {name!r}: {spec!r} is not callable")
-    return obj
+    """``"package.module:attr.attr"`` → the factory (the attribute path may name a classmethod)."""
+    return cast(EngineFactory, plugins.resolve(spec, f"engine {name!r}"))
