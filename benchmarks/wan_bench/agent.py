@@ -148,7 +148,6 @@ class Agent:
 
     def follow(self, version: int, url: str, streams: int, prefetch: bool, cache_token: str | None = None,
                segment_bytes: int | None = None, timeout: float = 600.0) -> dict[str, Any]:
-        from collections import Counter
 
         from aurora_store.codec import CodecParams
         from aurora_store.codec.manifest import SegmentRef
@@ -162,22 +161,15 @@ class Agent:
         if prefetch:
             relay = self.plane.relay(self.region)
             cache_url = getattr(relay, "cache_url", None) if relay is not None else None
-        sources: list[Any] = [RelayCache(cache_url, cache_token or "", metrics, 10.0)] if cache_url else []
-        sources.append(_CopiedSoon(store, deadline))
-        reads: Counter[str] = Counter()  # "relay_cache" / "bucket"
-        arrivals: list[float] = []  # wall clock of each prefetched segment's arrival
         staging = [False]
-
-        def on_read(label: str, _nbytes: int) -> None:
-            reads[label] += 1
-            if not staging[0]:
-                arrivals.append(time.time())
+        cache = RelayCache(cache_url, cache_token or "", metrics, 10.0) if cache_url else None
+        reader = _CopiedSoon(store, cache, deadline, staging)
 
         # the actor's own prefetch and decode-ahead: each prefetched segment is decoded and hashed against the
         # base as it arrives (the run's codec parameters; the manifest re-checks everything), so the manifest
         # leaves only the checks. The budget is not what is measured here: everything the version moves fits.
         prefetcher = Prefetcher(streams, 1 << 40, metrics)
-        follower = self._follower(store, streams, sources=sources, prefetcher=prefetcher, on_read=on_read)
+        follower = self._follower(store, streams, sources=[reader], prefetcher=prefetcher)
         assert follower.ahead is not None
         follower.ahead.codec = CodecParams(segment_bytes=segment_bytes or CodecParams().segment_bytes)
         held: set[str] = set()
@@ -209,7 +201,8 @@ class Agent:
         return {"t_event": event_at, "t_staged": time.time(), "stage_s": stage_s,
                 "bytes": staged.manifest.segment_bytes + len(staged.manifest.to_bytes()),
                 "announced": len(held), "segments": len(staged.manifest.segments), "cache_url": cache_url,
-                "decoded_ahead": follower.decoded_ahead, "reads": dict(reads), "prefetch_arrivals": sorted(arrivals)}
+                "decoded_ahead": follower.decoded_ahead, "reads": dict(reader.reads),
+                "prefetch_arrivals": sorted(reader.arrivals)}
 
     def await_stage(self, version: int, url: str, streams: int, timeout: float = 600.0) -> dict[str, Any]:
         from aurora_store.follow import Step
@@ -286,24 +279,40 @@ class Agent:
 
 
 class _CopiedSoon:
-    """The regional bucket as a segment source that waits for a segment announced at home but not copied into
-    the region yet (the relay is copying it), until the deadline; then the bucket read proper raises."""
+    """A segment source for a segment announced at home and maybe not in the region yet: it asks the relay's
+    hot cache and the regional bucket in turn until one has it (the relay is copying it) or the deadline passes,
+    counting what served each read and when each prefetched one arrived."""
 
-    label = "bucket"
+    label = "relay_cache|bucket"
 
-    def __init__(self, store, deadline: float) -> None:
-        self.store, self.deadline = store, deadline
+    def __init__(self, store, cache, deadline: float, staging: list[bool]) -> None:
+        import threading
+        from collections import Counter
+
+        self.store, self.cache, self.deadline, self.staging = store, cache, deadline, staging
+        self.reads: Counter[str] = Counter()  # "relay_cache" / "bucket"
+        self.arrivals: list[float] = []  # wall clock of each prefetched segment's arrival
+        self._lock = threading.Lock()
 
     def get(self, ref) -> bytes | None:
         from aurora_store.errors import ObjectNotFoundError
 
         wait = 0.02
         while time.monotonic() <= self.deadline:
-            try:
-                return self.store.get_segment(ref)
-            except ObjectNotFoundError:
-                time.sleep(wait)
-                wait = min(0.2, wait * 1.5)
+            data, source = (self.cache.get(ref), "relay_cache") if self.cache is not None else (None, "")
+            if data is None:
+                source = "bucket"
+                try:
+                    data = self.store.get_segment(ref)
+                except ObjectNotFoundError:
+                    time.sleep(wait)
+                    wait = min(0.2, wait * 1.5)
+                    continue
+            with self._lock:
+                self.reads[source] += 1
+                if not self.staging[0]:
+                    self.arrivals.append(time.time())
+            return data
         return None
 
 
