@@ -8,7 +8,7 @@ VLLM_STAMP := $(VENV)/.aurora-vllm-installed
 # torch comes from the local CPU wheel on our machines (pip finds it); any matching release works elsewhere.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv vllm system-deps demo demo-0.6b test test-fast test-vllm lint bench chaos clean device-check
+.PHONY: venv vllm system-deps demo demo-0.6b test test-long test-fast test-vllm lint bench chaos clean device-check
 
 venv: $(STAMP)
 
@@ -40,8 +40,22 @@ system-deps:
 	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q redis-server >/dev/null 2>&1; }; }; } || \
 	  echo "note: redis-server is not installed: the TLS tests will be skipped"
 
+# Two passes: most of the suite waits on real processes, so it runs on TEST_WORKERS pytest-xdist workers (a file per
+# worker, the longest first: tests/parallel.py); then the tests that judge time or throughput (marked `serial`)
+# run alone on the machine. Each pass writes a JUnit report under runs/test-reports/ (scripts/test-durations turns
+# them into tests/durations.json, the order of the next parallel pass).
+TEST_WORKERS ?= 3
+REPORTS := runs/test-reports
 test: $(STAMP) $(VLLM_STAMP) system-deps lint
-	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q --durations=15
+	@mkdir -p $(REPORTS)
+	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not serial and not long" --durations=30 \
+	  --junitxml=$(REPORTS)/parallel.xml
+	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -p no:xdist -m "serial and not long" --durations=15 \
+	  --junitxml=$(REPORTS)/serial.xml
+
+# The full-length proofs kept out of `make test` (the README's test tiers): the tests marked `long`, alone.
+test-long: $(STAMP) $(VLLM_STAMP) system-deps
+	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -p no:xdist -m long --durations=15
 
 test-vllm: $(VLLM_STAMP)
 	$(PY) -m pytest -q tests/vllm

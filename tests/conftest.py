@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from aurora_store.testing.servers import GCSServer, RedisServer, S3Server
+from tests import parallel
 
 settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True,
@@ -21,11 +22,20 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 _SERVER_MARKERS = {"s3_server": "s3", "gcs_server": "gcs", "redis_server": "redis"}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         for fixture, marker in _SERVER_MARKERS.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(marker)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike, so their collections stay identical
+        order = {nodeid: i for i, nodeid in enumerate(parallel.longest_first([i.nodeid for i in items],
+                                                                             parallel.recorded_durations()))}
+        items.sort(key=lambda item: order[item.nodeid])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    return parallel.make_scheduler(config, log)
 
 
 @pytest.fixture(scope="session")

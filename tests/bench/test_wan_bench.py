@@ -1,4 +1,5 @@
-"""The WAN benchmark end to end in its quick mode: ``python -m benchmarks wan --quick --json``.
+"""The WAN benchmark end to end in its quick mode: ``python -m benchmarks wan --quick --json`` (one run with every
+part for the session, tests/bench/conftest.py; part 5 is checked in test_wan_e2e).
 
 Needs root and network namespaces (CI runs as root); skipped with the reason otherwise. The benchmark runs as a
 subprocess in its own session so that a hang can be ended: on timeout it gets SIGTERM (its topology tears itself
@@ -18,11 +19,8 @@ import pytest
 
 from benchmarks.wan.netns import unsupported_reason
 from benchmarks.wan_bench.runner import TARGETS
-from tests.bench.wan_run import run_wan_benchmark
 
-pytestmark = [pytest.mark.redis, pytest.mark.s3]
-
-TIMEOUT_S = 600  # ~6.5 min on 2 busy cores (~5 min of it with the end-to-end cut-through runs of part 3)
+pytestmark = [pytest.mark.redis, pytest.mark.s3, pytest.mark.serial]
 
 
 _REASON = unsupported_reason()
@@ -40,9 +38,8 @@ def assert_target(doc: dict, key: str, context: object = None) -> None:
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench-wan")
-    return run_wan_benchmark(out, ["--quick"], TIMEOUT_S), out
+def quick(wan_quick):
+    return wan_quick  # parts 1-4 of the session's one quick run (tests/bench/conftest.py)
 
 
 @needs_netns

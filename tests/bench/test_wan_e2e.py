@@ -14,7 +14,9 @@ import pytest
 from benchmarks.wan.netns import unsupported_reason
 from tests.bench.wan_run import run_wan_benchmark
 
-pytestmark = [pytest.mark.redis, pytest.mark.s3, pytest.mark.slow,
+# Three short real runs across the emulated WAN, ~4 minutes alone on the machine: in `make test-long`, not `make
+# test` (whose WAN test checks parts 1-4 in one run; every process kind it starts is exercised there too).
+pytestmark = [pytest.mark.redis, pytest.mark.s3, pytest.mark.slow, pytest.mark.serial, pytest.mark.long,
               pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")]
 
 TIMEOUT_S = 1200  # about four minutes on idle cores; over twelve when four other jobs share them

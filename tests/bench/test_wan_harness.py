@@ -31,6 +31,9 @@ from benchmarks.wan import (
 from benchmarks.wan.netns import list_netns, owner_pid, unsupported_reason
 from benchmarks.wan.probes import measure_datagram_loss, measure_rtt, measure_throughput
 
+# Rates, RTTs and loss are measured through a userspace forwarder: alone on the machine, they are the link's.
+pytestmark = pytest.mark.serial
+
 REPO = Path(__file__).resolve().parents[2]
 WAN_NET = ipaddress.ip_network("198.18.0.0/15")
 

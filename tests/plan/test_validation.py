@@ -29,6 +29,7 @@ def step_intervals(records: list[dict[str, str]], skip: int) -> dict[int, float]
     return {b[0]: b[1] - a[1] for a, b in itertools.pairwise(stamps) if b[0] > skip}
 
 
+@pytest.mark.serial  # the prediction is compared with a real run's step times: the run must have the machine
 def test_plan_predicts_a_real_run_within_20_percent(tmp_path):
     # Generation is known from the configuration: with one new token per sample, a prompt of group 4 costs
     # 4 tokens, and an actor's share of 3 prompts at an emulated 3 tokens/s takes 4 s. Actors measure their
