@@ -157,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     from aurora_store import logs
     from workers.trainer.cli import parse_args
 
+    if "--plan-memory" in (sys.argv[1:] if argv is None else argv):
+        from workers.trainer.memory import run_cli
+
+        return run_cli(argv)
     cfg = parse_args(argv)
     launch = LaunchEnv.from_env()
     rank = launch.rank
