@@ -79,7 +79,9 @@ def token_logprobs(model, samples: Sequence[Sample], pad_id: int = 0,
     width = max(len(s.completion_ids) for s in samples)
     ids = torch.full((len(samples), longest), pad_id, dtype=torch.long)
     attention = torch.zeros((len(samples), longest), dtype=torch.long)
-    which, where, targets = [], [], []
+    which: list[int] = []
+    where: list[int] = []
+    targets: list[int] = []
     for i, s in enumerate(samples):  # right padding keeps positions of prompt + completion natural
         seq = list(s.prompt_ids) + list(s.completion_ids)
         ids[i, : len(seq)] = torch.tensor(seq)
@@ -127,17 +129,18 @@ class ChunkedTokenLogprob(torch.autograd.Function):
     inputs) choose, then reduced in fp32, as the full path does."""
 
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,  # type: ignore[override]
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                 chunk: int) -> torch.Tensor:
         kind = hidden.device.type
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else \
             torch.promote_types(hidden.dtype, weight.dtype)
+        acc = torch.promote_types(torch.float32, dtype)  # reductions in fp32 (fp64 for fp64 inputs)
         with torch.autocast(kind, enabled=False):
             w = weight.to(dtype)
-            out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+            out = torch.empty(hidden.shape[0], dtype=acc, device=hidden.device)
             lse = torch.empty_like(out)
             for lo in range(0, hidden.shape[0], chunk):
-                logits = F.linear(hidden[lo:lo + chunk].to(dtype), w).float()
+                logits = F.linear(hidden[lo:lo + chunk].to(dtype), w).to(acc)
                 lse[lo:lo + chunk] = torch.logsumexp(logits, dim=-1)
                 out[lo:lo + chunk] = logits.gather(1, targets[lo:lo + chunk, None]).squeeze(1) - lse[lo:lo + chunk]
                 del logits
@@ -146,23 +149,23 @@ class ChunkedTokenLogprob(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad_out: torch.Tensor):
         hidden, weight, targets, lse = ctx.saved_tensors
         chunk, dtype = ctx.chunk, ctx.dtype
         w = weight.to(dtype)
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
-            if ctx.needs_input_grad[1] else None
+        acc = lse.dtype
+        grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) if ctx.needs_input_grad[1] else None
         for lo in range(0, hidden.shape[0], chunk):
             h = hidden[lo:lo + chunk].to(dtype)
-            g_out = grad_out[lo:lo + chunk].float()
-            grad = F.linear(h, w).float().sub_(lse[lo:lo + chunk, None]).exp_().mul_(-g_out[:, None])
+            g_out = grad_out[lo:lo + chunk].to(acc)
+            grad = F.linear(h, w).to(acc).sub_(lse[lo:lo + chunk, None]).exp_().mul_(-g_out[:, None])
             grad.scatter_add_(1, targets[lo:lo + chunk, None], g_out[:, None])
             grad = grad.to(dtype)
             if grad_hidden is not None:
                 grad_hidden[lo:lo + chunk] = grad @ w
             if grad_weight is not None:
-                grad_weight.addmm_(grad.t().float(), h.float())  # accumulated in fp32, no [V, H] temporary
+                grad_weight.addmm_(grad.t().to(acc), h.to(acc))  # accumulated in fp32, no [V, H] temporary
             del grad
         return (grad_hidden, grad_weight.to(weight.dtype) if grad_weight is not None else None, None, None)
 

@@ -239,10 +239,13 @@ def plan(shape: ModelShape, batch: Batch, settings: Settings = NEW, *, world_siz
     lean = s.optimizer == "adamw-bf16"
     optimizer = (4 if lean else 8) * shard
     grads = 4 * shape.largest_tensor if lean else 4 * shard
-    if lean:
-        opt_temp = 4 * 4 * _LEAN_CHUNK
+    layer_tensor = max(shape.hidden * shape.intermediate, shape.hidden * shape.q_width)
+    if lean:  # a chunk's fp32 moments (m, v; the gradient is fp32 already) while one parameter steps
+        opt_temp = 8 * min(_LEAN_CHUNK, shape.largest_tensor)
+        head_temp, layer_temp = 8 * min(_LEAN_CHUNK, shape.embed_params), 8 * min(_LEAN_CHUNK, layer_tensor)
     else:
         opt_temp = 4 * shard if s.foreach else 4 * shape.largest_tensor
+        head_temp = layer_temp = 0
     published = 2 * shard
     reference = 2 * shard if s.reference else 0
     reserve = CUDA_RESERVE if device == "cuda" else 0
@@ -259,15 +262,17 @@ def plan(shape: ModelShape, batch: Batch, settings: Settings = NEW, *, world_siz
     (ch, cq, ckv, ci), outside = _SAVED[s.compute]
     h = shape.hidden
     per_layer = ch * h + cq * shape.q_width + ckv * shape.kv_width + ci * shape.intermediate
-    if s.activation_checkpointing:  # layer inputs (fp32 residual stream) + one layer recomputed in backward
-        activations = batch.tokens * (shape.layers * 4 * h + outside * h + per_layer)
+    if s.activation_checkpointing:  # each layer's input (the fp32 residual stream); one layer recomputed at a time
+        saved, recompute = batch.tokens * (shape.layers * 4 * h + outside * h), batch.tokens * per_layer
     else:
-        activations = batch.tokens * (shape.layers * per_layer + outside * h)
-    if s.logits_chunk:  # chunk of completion rows: logits (b), fp32 copy, softmax, gradient (b); saved rows + lse
+        saved, recompute = batch.tokens * (shape.layers * per_layer + outside * h), 0
+    if s.logits_chunk:  # saved: the picked hidden rows and each row's logsumexp; one chunk's logits at a time
         rows = min(s.logits_chunk, batch.scored)
-        logits = rows * shape.vocab * (8 + 2 * b) + batch.scored * (b * h + 4)
-    else:  # every position's logits: fp32 copy, log_softmax (saved), its gradient, the logits' gradient
-        logits = batch.tokens * shape.vocab * (12 + (b if b == 2 else 0))
+        logits_saved = batch.scored * (b * h + 4)
+        logits_transient = rows * shape.vocab * (8 + (2 if b == 2 else 0))
+    else:  # every position: log_softmax (saved), then its gradient, the logits' gradient (and its bf16 cast)
+        logits_saved = batch.tokens * shape.vocab * 4
+        logits_transient = batch.tokens * shape.vocab * (8 + (b if b == 2 else 0))
 
     if s.sharded_load:
         load_transient = 4 * shape.largest_tensor
@@ -275,15 +280,24 @@ def plan(shape: ModelShape, batch: Batch, settings: Settings = NEW, *, world_siz
     else:  # the whole fp32 model on every device, and the reference deep-copied from it in fp32 there
         load_transient = 4 * p - master
         load_reference = 4 * p if s.reference else 0
-    grads_in_backward = grads if (lean or not s.grads_freed) else 4 * shape.embed_params
+    if lean:  # stepped in backward: the head's gradient first, then one layer tensor's at a time
+        head_grads, layer_grads = 4 * shape.embed_params, 4 * layer_tensor
+    elif s.grads_freed:  # freed after each update: the head's come first in backward, all exist at its end
+        head_grads, layer_grads = 4 * shape.embed_params, grads
+    else:  # alive from the previous epoch's update
+        head_grads = layer_grads = grads
     publish_copies = published + 2 * shape.largest_tensor if s.published_in_place else 2 * published
-
+    common = {"master": master, "optimizer": optimizer, "published": published, "reference": reference,
+              "weight_copies": weight_copies}
+    # Backward has two peaks: at its start (the loss head's logits and the head's gradient, every activation
+    # still saved) and inside the decoder (a recomputed layer, one tensor stepping); the larger one counts.
     phases = {
         "load": {"master": master, "load_transient": load_transient, "reference": load_reference,
                  "reserve": reserve},
-        "backward": {"master": master, "optimizer": optimizer, "gradients": grads_in_backward,
-                     "published": published, "reference": reference, "weight_copies": weight_copies,
-                     "activations": activations, "logits": logits, "reserve": reserve},
+        "backward_head": {**common, "gradients": head_grads, "activations": saved,
+                          "logits": logits_saved + max(logits_transient, head_temp), "reserve": reserve},
+        "backward_layers": {**common, "gradients": layer_grads, "activations": saved + recompute,
+                            "logits": logits_saved, "optimizer_temporaries": layer_temp, "reserve": reserve},
         "optimizer": {"master": master, "optimizer": optimizer, "gradients": grads, "optimizer_temporaries": opt_temp,
                       "published": published, "reference": reference, "reserve": reserve},
         "publish": {"master": master, "optimizer": optimizer, "gradients": 0 if s.grads_freed else grads,
