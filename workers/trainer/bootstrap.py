@@ -147,8 +147,9 @@ class Bootstrap:
     def _shard(self) -> Started:
         """Shard the (warm-started) model over the ranks and create the optimizer for the shards."""
         model = self.model.module
-        model.to(self.device)  # after the warm start (done on the host), before sharding and the optimizer
-        reference = self._reference() if self.grpo.kl_coef > 0 else None
+        reference = self._reference() if self.grpo.kl_coef > 0 else None  # from the host model, in bf16
+        if not self.ranks.sharded:  # one rank: the whole model on the device; sharded: shard by shard, in shard()
+            model.to(self.device)  # after the warm start (done on the host), before the optimizer
         policy = ShardedPolicy.shard(model, self.layout, self.ranks, compute_dtype=self.config.compute_dtype,
                                      device=self.device)
         cfg, kind = self.config, self.device.type
@@ -180,4 +181,4 @@ class Bootstrap:
             except AuroraError as exc:
                 error = f"--kl-coef needs the initial policy (snapshot 0) to resume: {exc}"
         self.ranks.agree(error, ConfigError)
-        return frozen_reference(initial.to(self.device), self.ranks, self.device)
+        return frozen_reference(initial, self.ranks, self.device)
