@@ -40,7 +40,7 @@ def _samples(n: int, prompt: int, completion: int, vocab: int, seed: int):
     return out
 
 
-def _step(config: dict, old: bool, sequences: int, prompt: int, completion: int) -> None:
+def _step(config: dict, settings: str, sequences: int, prompt: int, completion: int) -> None:
     from workers.publish.ranks import Ranks
     from workers.rl.grpo import GRPOConfig
     from workers.rl.model import DEFAULT_CONFIG, build_model
@@ -48,8 +48,11 @@ def _step(config: dict, old: bool, sequences: int, prompt: int, completion: int)
 
     model = build_model({**DEFAULT_CONFIG, **config}, seed=0)
     published = {n: p.detach().to(torch.bfloat16) for n, p in model.named_parameters()}  # the published rows
+    old = settings == "old"
+    # "bf16": the CUDA defaults (bf16 autocast, weight cache off) run on the CPU's autocast
     learner = ShardedLearner(model, GRPOConfig(lr=1e-4, epochs=2), Ranks(),
                              optimizer="adamw" if old else "adamw-bf16",
+                             autocast=torch.bfloat16 if settings == "bf16" else None,
                              activation_checkpointing=not old, logits_chunk=0 if old else 256)
     learner.step(_samples(sequences, prompt, completion, config["vocab_size"], seed=1))
     del published
@@ -58,15 +61,15 @@ def _step(config: dict, old: bool, sequences: int, prompt: int, completion: int)
 def main() -> None:
     args = json.loads(sys.argv[1])
     torch.set_num_threads(1)
-    old = args["settings"] == "old"
+    settings = args["settings"]
     tiny = {**args["config"], "num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128,
             "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 256}
-    _step(tiny, old, 4, 8, 8)  # imports, one-time buffers
+    _step(tiny, settings, 4, 8, 8)  # imports, one-time buffers
     gc.collect()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current RSS
     base = _status("VmRSS")
-    _step(args["config"], old, args["sequences"], args["prompt"], args["completion"])
+    _step(args["config"], settings, args["sequences"], args["prompt"], args["completion"])
     print(json.dumps({"peak_bytes": _status("VmHWM") - base, "baseline_bytes": base}))
 
 

@@ -77,7 +77,7 @@ def test_sharding_divides_the_states_and_bad_input_is_refused():
         memory.Batch(0, 10)
 
 
-@pytest.mark.parametrize("which", ["new", "old"])
+@pytest.mark.parametrize("which", ["new", "bf16", "old"])
 def test_plan_matches_measured_peak_on_cpu(which):
     """The plan's peak for one CPU rank vs the resident-memory peak a real GRPO step reaches (two epochs, a
     published bf16 copy alive), measured in a child process (method: tests/trainer/memory_probe.py)."""
@@ -90,9 +90,11 @@ def test_plan_matches_measured_peak_on_cpu(which):
     from workers.rl.model import DEFAULT_CONFIG
 
     shape = memory.ModelShape.from_config({**DEFAULT_CONFIG, **SMALL})
-    # What the CPU rank runs: fp32 compute; "old" = AdamW (per-tensor on the CPU) with full logits, no recompute.
-    settings = replace(memory.NEW, compute="float32", logits_chunk=256) if which == "new" else \
-        replace(memory.OLD, foreach=False, grads_freed=True)
+    # "new": the CPU rank's fp32 compute; "bf16": the CUDA defaults (bf16 autocast) on the CPU's autocast;
+    # "old": AdamW (per tensor on the CPU) with full logits and no recompute.
+    settings = {"new": replace(memory.NEW, compute="float32", logits_chunk=256),
+                "bf16": replace(memory.NEW, logits_chunk=256),
+                "old": replace(memory.OLD, foreach=False, grads_freed=True)}[which]
     planned = memory.plan(shape, memory.Batch(8, 128, 96), settings, device="cpu").per_gpu_bytes
     assert abs(measured - planned) <= 0.15 * measured, (which, measured, planned)
 
