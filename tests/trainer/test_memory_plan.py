@@ -110,3 +110,23 @@ def test_trainer_refuses_to_start_when_the_plan_does_not_fit(tmp_path):
     assert out.returncode != 0
     assert InsufficientMemoryError.__name__ in out.stderr and "will not fit" in out.stderr
     assert not bucket.exists() and not (tmp_path / "ckpt").exists()
+
+
+def test_cuda_defaults_and_cpu_behaviour():
+    """auto: lean optimizer, recompute and bf16 autocast on one CUDA rank; the CPU keeps exact fp32 AdamW."""
+    import torch
+
+    from workers.trainer.cli import parse_args, resolve_activation_checkpointing, resolve_optimizer
+    from workers.trainer.device import autocast_dtype
+
+    cfg = parse_args(["--bucket", "b", "--redis", "redis://127.0.0.1:1/0", "--checkpoint-dir", "c"])
+    assert (cfg.optimizer, cfg.activation_checkpointing, cfg.logits_chunk) == ("auto", "auto", 2048)
+    assert resolve_optimizer("auto", "cuda", 1) == "adamw-bf16"
+    assert resolve_optimizer("auto", "cuda", 8) == resolve_optimizer("auto", "cpu", 1) == "adamw"
+    assert resolve_optimizer("adamw", "cuda", 1) == "adamw"
+    assert resolve_activation_checkpointing("auto", "cuda") and not resolve_activation_checkpointing("auto", "cpu")
+    assert autocast_dtype(torch.device("cuda", 0), "bfloat16", 1) is torch.bfloat16
+    assert autocast_dtype(torch.device("cpu"), "bfloat16", 1) is None
+    assert autocast_dtype(torch.device("cuda", 0), "bfloat16", 2) is None  # FSDP2 gathers in bf16 itself
+    with pytest.raises(SystemExit):
+        parse_args(["--bucket", "b", "--redis", "r"])  # --checkpoint-dir is still required to train

@@ -1,5 +1,6 @@
 """Sharded materialisation (meta device → fully_shard → load shard by shard) gives exactly the shards, buffers,
-frozen reference and forward pass that broadcasting the whole model and sharding it gave, on 2 real ranks."""
+frozen reference and forward pass that broadcasting the whole model and sharding it gave, on 2 real ranks; and
+activation checkpointing (on by default on CUDA) leaves FSDP2 training steps exactly as they were."""
 
 from __future__ import annotations
 
@@ -26,3 +27,4 @@ def test_meta_shard_load_is_bit_identical_to_whole_model_sharding(tmp_path):
             assert r["tied"] == (kind == "tied")
         assert [r[kind]["rows"]["model.embed_tokens.weight"] for r in results] == [17, 16]  # 33 rows, uneven
     assert "lm_head.weight" not in results[0]["tied"]["rows"]
+    assert all(r["recompute_same_steps"] for r in results)  # activation checkpointing under FSDP2
