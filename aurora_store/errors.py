@@ -137,6 +137,10 @@ class ConfigError(AuroraError, ValueError):
     """Configuration is missing or invalid."""
 
 
+class InsufficientMemoryError(ConfigError, MemoryError):
+    """The trainer's memory plan does not fit the device it would run on (refused before allocating)."""
+
+
 # --- operations and local services ----------------------------------------------------------------
 
 

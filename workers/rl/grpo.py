@@ -62,29 +62,112 @@ def group_advantages(samples: Sequence[Sample]) -> list[float]:
             for s in samples]
 
 
-def token_logprobs(model, samples: Sequence[Sample], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probabilities of each completion token under ``model``: ``[n, T]`` plus a ``[n, T]`` mask."""
+#: Completion tokens whose logits exist at once in :func:`token_logprobs` (``[rows, vocab]`` in fp32: at Qwen3's
+#: 151936-token vocabulary 2048 rows are ~1.2 GB, where a 32k-token batch's full logits would be ~20 GB).
+DEFAULT_LOGITS_CHUNK = 2048
+
+
+def token_logprobs(model, samples: Sequence[Sample], pad_id: int = 0,
+                   chunk: int = DEFAULT_LOGITS_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities of each completion token under ``model``: ``[n, T]`` plus a ``[n, T]`` mask.
+
+    With ``chunk > 0`` the model's output head is applied only to the completion positions, ``chunk`` rows at a
+    time, through :class:`ChunkedTokenLogprob` (log-softmax as ``logit[target] − logsumexp``, recomputed per
+    chunk in backward), so neither the ``[n, L, vocab]`` logits nor their ``log_softmax`` ever exist. ``chunk=0``
+    computes the full logits (the reference the chunked path is tested against)."""
     longest = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     width = max(len(s.completion_ids) for s in samples)
     ids = torch.full((len(samples), longest), pad_id, dtype=torch.long)
     attention = torch.zeros((len(samples), longest), dtype=torch.long)
+    which: list[int] = []
+    where: list[int] = []
+    targets: list[int] = []
     for i, s in enumerate(samples):  # right padding keeps positions of prompt + completion natural
         seq = list(s.prompt_ids) + list(s.completion_ids)
         ids[i, : len(seq)] = torch.tensor(seq)
         attention[i, : len(seq)] = 1
-    device = _param_device(model)  # inputs go where the model lives (CPU or a GPU)
-    logits = model(input_ids=ids.to(device), attention_mask=attention.to(device)).logits.float()
-    logprobs = F.log_softmax(logits, dim=-1)
-    out = torch.zeros((len(samples), width), device=logits.device)
-    mask = torch.zeros((len(samples), width), device=logits.device)
-    for i, s in enumerate(samples):
         p, c = len(s.prompt_ids), len(s.completion_ids)
-        if c == 0:
-            continue
-        positions = torch.arange(p - 1, p - 1 + c, device=logits.device)  # logits at t predict token t + 1
-        out[i, :c] = logprobs[i, positions, torch.tensor(s.completion_ids, device=logits.device)]
-        mask[i, :c] = 1
+        which += [i] * c
+        where += range(p - 1, p - 1 + c)  # logits at t predict token t + 1
+        targets += s.completion_ids
+    device = _param_device(model)  # inputs go where the model lives (CPU or a GPU)
+    rows, cols = torch.tensor(which, dtype=torch.long, device=device), torch.tensor(
+        [t - (p - 1) for t, p in zip(where, (len(samples[i].prompt_ids) for i in which), strict=True)],
+        dtype=torch.long, device=device)
+    out = torch.zeros((len(samples), width), device=device)
+    mask = torch.zeros((len(samples), width), device=device)
+    mask[rows, cols] = 1
+    inputs = {"input_ids": ids.to(device), "attention_mask": attention.to(device), "use_cache": False}
+    positions = torch.tensor(where, dtype=torch.long, device=device)
+    target_ids = torch.tensor(targets, dtype=torch.long, device=device)
+    if chunk:
+        head = model.get_output_embeddings()
+        flat = rows * longest + positions
+
+        def scored(hidden: torch.Tensor) -> torch.Tensor:
+            # Runs inside the model's forward, so under FSDP2 ``head.weight`` is the all-gathered parameter.
+            picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, flat)
+            return ChunkedTokenLogprob.apply(picked, head.weight, target_ids, chunk)
+
+        head.forward = scored  # the instance attribute shadows the class's forward for this one call
+        try:
+            values = model(**inputs).logits
+        finally:
+            del head.forward
+    else:
+        logits = model(**inputs).logits.float()
+        values = F.log_softmax(logits, dim=-1)[rows, positions, target_ids]
+    out = out.index_put((rows, cols), values.float())
     return out, mask
+
+
+class ChunkedTokenLogprob(torch.autograd.Function):
+    """``log_softmax(hidden @ weight.T)[r, targets[r]]`` for rows ``hidden [R, H]``, ``chunk`` rows at a time.
+
+    Forward keeps only each row's logsumexp; backward recomputes each chunk's logits and uses
+    ``∂/∂logits = g · (onehot(target) − softmax)``. Logits are computed in the matmul dtype autocast (or the
+    inputs) choose, then reduced in fp32, as the full path does."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                chunk: int) -> torch.Tensor:
+        kind = hidden.device.type
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else \
+            torch.promote_types(hidden.dtype, weight.dtype)
+        acc = torch.promote_types(torch.float32, dtype)  # reductions in fp32 (fp64 for fp64 inputs)
+        with torch.autocast(kind, enabled=False):
+            w = weight.to(dtype)
+            out = torch.empty(hidden.shape[0], dtype=acc, device=hidden.device)
+            lse = torch.empty_like(out)
+            for lo in range(0, hidden.shape[0], chunk):
+                logits = F.linear(hidden[lo:lo + chunk].to(dtype), w).to(acc)
+                lse[lo:lo + chunk] = torch.logsumexp(logits, dim=-1)
+                out[lo:lo + chunk] = logits.gather(1, targets[lo:lo + chunk, None]).squeeze(1) - lse[lo:lo + chunk]
+                del logits
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.chunk, ctx.dtype = chunk, dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        hidden, weight, targets, lse = ctx.saved_tensors
+        chunk, dtype = ctx.chunk, ctx.dtype
+        w = weight.to(dtype)
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        acc = lse.dtype
+        grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) if ctx.needs_input_grad[1] else None
+        for lo in range(0, hidden.shape[0], chunk):
+            h = hidden[lo:lo + chunk].to(dtype)
+            g_out = grad_out[lo:lo + chunk].to(acc)
+            grad = F.linear(h, w).to(acc).sub_(lse[lo:lo + chunk, None]).exp_().mul_(-g_out[:, None])
+            grad.scatter_add_(1, targets[lo:lo + chunk, None], g_out[:, None])
+            grad = grad.to(dtype)
+            if grad_hidden is not None:
+                grad_hidden[lo:lo + chunk] = grad @ w
+            if grad_weight is not None:
+                grad_weight.addmm_(grad.t().to(acc), h.to(acc))  # accumulated in fp32, no [V, H] temporary
+            del grad
+        return (grad_hidden, grad_weight.to(weight.dtype) if grad_weight is not None else None, None, None)
 
 
 def _param_device(model) -> torch.device:

@@ -24,7 +24,8 @@ from workers.rl.grpo import GRPOConfig
 from workers.rl.model import DEFAULT_CONFIG, build_model, load_model, load_tokenizer, warm_start
 from workers.rl.task import AdditionTask, MathFileTask, build_tokenizer
 from workers.trainer import checkpoint
-from workers.trainer.cli import TrainerConfig
+from workers.trainer.cli import TrainerConfig, resolve_activation_checkpointing, resolve_optimizer
+from workers.trainer.device import autocast_dtype
 from workers.trainer.leader import Leader
 from workers.trainer.learner import ShardedLearner
 from workers.trainer.policy import ShardedPolicy, frozen_reference
@@ -146,11 +147,18 @@ class Bootstrap:
     def _shard(self) -> Started:
         """Shard the (warm-started) model over the ranks and create the optimizer for the shards."""
         model = self.model.module
-        model.to(self.device)  # after the warm start (done on the host), before sharding and the optimizer
-        reference = self._reference() if self.grpo.kl_coef > 0 else None
+        reference = self._reference() if self.grpo.kl_coef > 0 else None  # from the host model, in bf16
+        if not self.ranks.sharded:  # one rank: the whole model on the device; sharded: shard by shard, in shard()
+            model.to(self.device)  # after the warm start (done on the host), before the optimizer
         policy = ShardedPolicy.shard(model, self.layout, self.ranks, compute_dtype=self.config.compute_dtype,
                                      device=self.device)
-        learner = ShardedLearner(model, self.grpo, self.ranks, reference, optimizer=self.config.optimizer)
+        cfg, kind = self.config, self.device.type
+        learner = ShardedLearner(model, self.grpo, self.ranks, reference,
+                                 optimizer=resolve_optimizer(cfg.optimizer, kind, self.ranks.world),
+                                 autocast=autocast_dtype(self.device, cfg.compute_dtype, self.ranks.world),
+                                 activation_checkpointing=resolve_activation_checkpointing(
+                                     cfg.activation_checkpointing, kind),
+                                 logits_chunk=cfg.logits_chunk)
         return Started(policy, learner)
 
     def _reference(self) -> torch.nn.Module:
@@ -173,4 +181,4 @@ class Bootstrap:
             except AuroraError as exc:
                 error = f"--kl-coef needs the initial policy (snapshot 0) to resume: {exc}"
         self.ranks.agree(error, ConfigError)
-        return frozen_reference(initial.to(self.device), self.ranks, self.device)
+        return frozen_reference(initial, self.ranks, self.device)

@@ -40,12 +40,16 @@ class TrainerConfig:
     wandb: bool
     step_timeout_s: float
     split: str  # "proportional" (to estimated throughput) or "uniform"
-    compute_dtype: str = "bfloat16"  # FSDP2 param_dtype under torchrun (≥ 2 ranks); one rank computes in fp32
+    compute_dtype: str = "bfloat16"  # FSDP2 param_dtype under torchrun (≥ 2 ranks); bf16 autocast on one CUDA rank
     verify_published_digest: bool = False  # recompute the published weights' digest from scratch every version
     device: str = "auto"  # "auto" (CUDA when available), "cuda" or "cpu": where model, optimizer and step live
     throughput_ema: float = 0.5  # β: weight of the newest measured settlement in τ_a
     exclusion_decay: float = 0.5  # α: τ_a multiplier when an actor is excluded from a step
-    optimizer: str = "adamw"  # "adamw" (fp32 moments) or "adamw-bf16" (lean: bf16 moments, step in backward)
+    optimizer: str = "auto"  # "adamw" (fp32 moments), "adamw-bf16" (lean) or "auto" (lean on one CUDA rank)
+    activation_checkpointing: str = "auto"  # "on", "off" or "auto" (on for CUDA)
+    logits_chunk: int = 2048  # completion rows per chunk of the GRPO loss's logsumexp (0: all at once)
+    plan_seq_len: int = 2048  # longest prompt + completion the memory check plans for (capped by the model's)
+    gpu_memory_gib: float | None = None  # the memory check's budget (default: what CUDA reports)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,8 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: python -m workers.trainer --bucket ./runs/demo/us --redis redis://127.0.0.1:6379/0 "
                "--region us --steps 40   (data parallel over N ranks: torchrun --standalone --nproc-per-node N "
                "-m workers.trainer …; rank 0 talks to Redis, every rank uploads its own shard's delta)")
-    p.add_argument("--bucket", required=True, help="home bucket URL (the source of every version)")
-    p.add_argument("--redis", required=True, help="Redis URL of the control plane")
+    p.add_argument("--bucket", help="home bucket URL (the source of every version)")
+    p.add_argument("--redis", help="Redis URL of the control plane")
     p.add_argument("--region", default="home", help="the trainer's region (its bucket's region)")
     p.add_argument("--run", "--run-name", dest="run", default=default_run_name(),
                    help="run name; under torchrun spell it --run-name (torchrun takes --run for its --run-path)")
@@ -72,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="β_KL: weight of the k3 KL penalty to a frozen bf16 copy of the initial policy "
                         "(0 = off: no reference copy, the loss is the clipped surrogate alone)")
     p.add_argument("--snapshot-every", type=int, default=10, help="write a full snapshot every K versions")
-    p.add_argument("--checkpoint-dir", required=True, help="local directory for the trainer's own checkpoint")
+    p.add_argument("--checkpoint-dir", help="local directory for the trainer's own checkpoint")
     p.add_argument("--model", help="HF model directory (default: built-in small Qwen3 + warm start)")
     p.add_argument("--model-config", help="JSON file (or inline JSON) overriding fields of the built-in "
                    "Qwen3 config, e.g. '{\"hidden_size\": 512, \"num_hidden_layers\": 4}'")
@@ -94,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how a batch is split across eligible actors (uniform: for comparison)")
     p.add_argument("--compute-dtype", choices=["bfloat16", "float32"], default="bfloat16",
                    help="under torchrun (≥ 2 ranks, FSDP2): dtype parameters are gathered in for forward/backward "
-                        "(gradients are reduced in fp32, master weights stay fp32); one rank always computes in fp32")
+                        "(gradients are reduced in fp32, master weights stay fp32); one CUDA rank runs the step "
+                        "under autocast in it (and TF32 for what stays fp32); one CPU rank computes in fp32")
     p.add_argument("--verify-published-digest", action="store_true",
                    help="after every publish, hash the published bf16 weights from scratch (each rank its own "
                         "rows) and check the sum equals the manifest's weights_digest")
@@ -108,11 +113,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exclusion-decay", type=float, default=0.5, metavar="α",
                    help="τ_a ← α·τ_a when an actor is excluded from a step (α in (0, 1]); the decayed estimate "
                         "stays until measured settlements raise it")
-    p.add_argument("--optimizer", choices=["adamw", "adamw-bf16"], default="adamw",
+    p.add_argument("--optimizer", choices=["auto", "adamw", "adamw-bf16"], default="auto",
                    help="adamw: fp32 moments, global gradient clipping. adamw-bf16 (one rank): bf16 moments, each "
                         "parameter stepped during backward and its gradient freed (no fp32 gradient set, no global "
-                        "clipping) — what fits a real-size model (e.g. Qwen3-0.6B) on a small machine")
+                        "clipping) — what fits a real-size model (e.g. Qwen3-8B on one GPU). auto: adamw-bf16 on "
+                        "one CUDA rank, adamw otherwise")
+    p.add_argument("--activation-checkpointing", choices=["auto", "on", "off"], default="auto",
+                   help="recompute each decoder layer in backward instead of keeping its activations (auto: on CUDA)")
+    p.add_argument("--logits-chunk", type=int, default=2048, metavar="ROWS",
+                   help="the GRPO loss computes logits and logsumexp for this many completion tokens at a time, "
+                        "never for the whole batch (0: all at once)")
+    m = p.add_argument_group(
+        "memory plan", "python -m workers.trainer --plan-memory --model-config CONFIG.json --gpu-memory-gib 139 "
+                       "[--world-size N] [--json]: per-GPU bytes by category (master, gradients, optimizer, "
+                       "published, activations, logits, …) and whether they fit; needs no bucket or Redis. The "
+                       "trainer runs the same check at start on CUDA and refuses to start if it will not fit.")
+    m.add_argument("--plan-memory", action="store_true", help="print the memory plan and exit")
+    m.add_argument("--gpu-memory-gib", type=float,
+                   help="memory per GPU to plan against (default at start: what CUDA reports)")
+    m.add_argument("--world-size", type=int, default=1, help="--plan-memory: ranks (one GPU each)")
+    m.add_argument("--plan-sequences", type=int,
+                   help="--plan-memory: sequences per rank (default: batch-size × group-size / world-size)")
+    m.add_argument("--plan-seq-len", type=int, default=2048,
+                   help="longest prompt + completion in tokens to plan for (capped by the model's "
+                        "max_position_embeddings)")
+    m.add_argument("--plan-settings", choices=["current", "old"], default="current",
+                   help="--plan-memory: the trainer's settings (from these flags, on CUDA), or the settings before "
+                        "the memory plan (fp32 compute, AdamW + foreach, full logits, whole-model load)")
+    m.add_argument("--json", action="store_true", help="--plan-memory: print the plan as JSON")
     return p
+
+
+def resolve_optimizer(choice: str, device_type: str, world_size: int) -> str:
+    """``auto``: the lean optimizer on one CUDA rank (what fits a real model on one GPU), AdamW otherwise
+    (sharded ranks hold 1/W of fp32 moments; the CPU keeps the exact AdamW the tests compare against)."""
+    if choice != "auto":
+        return choice
+    return "adamw-bf16" if device_type == "cuda" and world_size == 1 else "adamw"
+
+
+def resolve_activation_checkpointing(choice: str, device_type: str) -> bool:
+    return choice == "on" or (choice == "auto" and device_type == "cuda")
 
 
 def parse_args(argv: list[str] | None = None) -> TrainerConfig:
@@ -123,6 +164,12 @@ def parse_args(argv: list[str] | None = None) -> TrainerConfig:
             p.error(f"{flag} must be in (0, 1], got {value}")
     if a.kl_coef < 0:
         p.error(f"--kl-coef must be non-negative, got {a.kl_coef}")
+    if a.logits_chunk < 0:
+        p.error(f"--logits-chunk must be ≥ 0, got {a.logits_chunk}")
+    missing = [f for f, v in (("--bucket", a.bucket), ("--redis", a.redis), ("--checkpoint-dir", a.checkpoint_dir))
+               if not v]
+    if missing:
+        p.error(f"the following arguments are required: {', '.join(missing)}")
     return TrainerConfig(
         bucket=a.bucket, redis=a.redis, region=a.region, run=a.run, steps=a.steps, batch_size=a.batch_size,
         group_size=a.group_size, lr=a.lr, epochs=a.epochs, clip_eps=a.clip_eps, kl_coef=a.kl_coef,
@@ -133,4 +180,6 @@ def parse_args(argv: list[str] | None = None) -> TrainerConfig:
         signing_key=a.signing_key, metrics_port=a.metrics_port, logdir=a.logdir, wandb=a.wandb,
         step_timeout_s=a.step_timeout_s, split=a.split, compute_dtype=a.compute_dtype,
         verify_published_digest=a.verify_published_digest, throughput_ema=a.throughput_ema,
-        exclusion_decay=a.exclusion_decay, device=a.device, optimizer=a.optimizer)
+        exclusion_decay=a.exclusion_decay, device=a.device, optimizer=a.optimizer,
+        activation_checkpointing=a.activation_checkpointing, logits_chunk=a.logits_chunk, plan_seq_len=a.plan_seq_len,
+        gpu_memory_gib=a.gpu_memory_gib)

@@ -35,3 +35,19 @@ def resolve_device(choice: str, local_rank: int | None = None) -> torch.device:
 def process_group_backend(device: torch.device) -> str:
     """NCCL for the device's tensors, gloo for host tensors; gloo alone on the CPU."""
     return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
+def configure_compute(device: torch.device) -> None:
+    """On CUDA, let fp32 matmuls and convolutions use TF32 (what stays fp32 outside bf16 autocast: the optimizer's
+    arithmetic is elementwise and unaffected)."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def autocast_dtype(device: torch.device, compute_dtype: str, world_size: int) -> torch.dtype | None:
+    """One CUDA rank runs forward under autocast in ``compute_dtype`` (under FSDP2 the gathered parameters are
+    already in it); a CPU rank computes in fp32, as the tests that compare against single-process AdamW expect."""
+    if device.type != "cuda" or world_size > 1 or compute_dtype == "float32":
+        return None
+    return torch.bfloat16

@@ -17,6 +17,7 @@ forward runs and the loss is exactly the clipped surrogate.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -25,7 +26,15 @@ from torch import nn
 from aurora_store.codec.sharding import even_rows
 from aurora_store.errors import ConfigError
 from workers.publish.ranks import Ranks
-from workers.rl.grpo import GRPOConfig, Sample, StepStats, group_advantages, grpo_loss, token_logprobs
+from workers.rl.grpo import (
+    DEFAULT_LOGITS_CHUNK,
+    GRPOConfig,
+    Sample,
+    StepStats,
+    group_advantages,
+    grpo_loss,
+    token_logprobs,
+)
 from workers.trainer.optim import LeanAdamW
 
 
@@ -36,10 +45,20 @@ class ShardedLearner:
     each parameter stepped during backward and its gradient freed, no global gradient clipping."""
 
     def __init__(self, model: nn.Module, config: GRPOConfig, ranks: Ranks, reference: nn.Module | None = None,
-                 optimizer: str = "adamw") -> None:
+                 optimizer: str = "adamw", *, autocast: torch.dtype | None = None,
+                 activation_checkpointing: bool = False, logits_chunk: int = DEFAULT_LOGITS_CHUNK) -> None:
         self.model = model
         self.config = config
         self.ranks = ranks
+        # One CUDA rank: forward under bf16 autocast. Its weight cache stays off: cached casts of every weight
+        # would live until the forward ends (a second bf16 model), uncached ones only until their layer's backward.
+        self.autocast = autocast
+        self.logits_chunk = logits_chunk
+        if activation_checkpointing:  # keep only each decoder layer's input; recompute the layer in backward
+            enable = getattr(model, "gradient_checkpointing_enable", None)
+            if enable is None:
+                raise ConfigError(f"activation checkpointing needs a transformers model, not {type(model).__name__}")
+            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.reference = reference if config.kl_coef > 0 else None
         self.lean: LeanAdamW | None = None
         if optimizer == "adamw-bf16":
@@ -80,11 +99,12 @@ class ShardedLearner:
         adv, old = advantages[where].to(device), old.to(device)
         ref = None
         if self.reference is not None:  # every rank runs it (FSDP collectives), on its own slice
-            with torch.no_grad():
-                ref, _ = token_logprobs(self.reference, mine)
+            with torch.no_grad(), self._compute(device):
+                ref, _ = token_logprobs(self.reference, mine, chunk=self.logits_chunk)
         self.model.train()
         for _ in range(self.config.epochs):
-            new, mask = token_logprobs(self.model, mine)
+            with self._compute(device):
+                new, mask = token_logprobs(self.model, mine, chunk=self.logits_chunk)
             local_loss, extra = grpo_loss(new, old, mask, adv, self.config.clip_eps, ref, self.config.kl_coef)
             local_tokens = float(mask.sum().clamp(min=1))
             scale = weight * (local_tokens / total_tokens) * self.ranks.world
@@ -94,6 +114,9 @@ class ShardedLearner:
             if self.lean is None:
                 norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
                 self.optimizer.step()
+                # Free the gradients now: alive, they would sit beside the next epoch's activations and through
+                # checkpoint and publish (4 B per parameter for nothing).
+                self.optimizer.zero_grad(set_to_none=True)
             else:
                 lean_norm = self.lean.take_grad_norm()  # this epoch's, measured before each update
         self.model.eval()
@@ -106,6 +129,11 @@ class ShardedLearner:
                          mean_advantage_abs=float(advantages.abs().mean()), clip_fraction=stats["clip_fraction"],
                          kl=stats["kl"], approx_kl_behaviour=stats["approx_kl_behaviour"], grad_norm=grad_norm,
                          tokens=int(stats["tokens"]), samples=len(samples))
+
+    def _compute(self, device: torch.device) -> contextlib.AbstractContextManager[object]:
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=self.autocast, cache_enabled=False)
 
     def _combine(self, local: dict[str, float]) -> dict[str, float]:
         """Token-weighted means over the ranks' slices (rank 0); per-slice means elsewhere."""

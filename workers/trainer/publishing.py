@@ -61,10 +61,11 @@ class Publishing:
     def publish(self, policy: ShardedPolicy, version: int) -> PublishOutcome:
         """Every rank uploads the delta of its rows; rank 0 writes the manifest and announces the version."""
         progress = self.progress
-        new = policy.cast_rows()
+        new = policy.cast_rows_lazily()  # cast tensor by tensor as the encoder asks: no second bf16 copy
         self._publishing = version
         outcome = self.rank_publisher.publish(version, progress.version, progress.digest, policy.published, new)
-        policy.published, progress.version, progress.digest = new, version, outcome.digest
+        policy.refresh_published()  # the published rows become this version's, in place
+        progress.version, progress.digest = version, outcome.digest
         if self.config.verify_published_digest:
             actual = self.sum_digest(policy.published)
             self.ranks.agree(None if actual == progress.digest else

@@ -47,9 +47,10 @@ from workers.publish.ranks import Ranks
 from workers.rl.grpo import GRPOConfig
 from workers.rl.model import side_files
 from workers.rl.task import AdditionTask, MathFileTask
+from workers.trainer import memory
 from workers.trainer.bootstrap import Bootstrap, PolicyModel
-from workers.trainer.cli import TrainerConfig
-from workers.trainer.device import process_group_backend, resolve_device
+from workers.trainer.cli import TrainerConfig, resolve_activation_checkpointing, resolve_optimizer
+from workers.trainer.device import configure_compute, process_group_backend, resolve_device
 from workers.trainer.leader import Leader
 from workers.trainer.loop import StepLoop
 from workers.trainer.publishing import Publishing
@@ -65,6 +66,8 @@ class Trainer:
         self.device = resolve_device(cfg.device)
         self.ranks = Ranks.from_env(timeout_s=max(3600.0, 3 * cfg.step_timeout_s),
                                     backend=process_group_backend(self.device))
+        configure_compute(self.device)
+        self._check_memory()  # before anything is allocated, opened or announced
         leader = self.ranks.leader
         self.settings = settings = TransferSettings.from_env().with_overrides(streams=cfg.streams)
         # Every rank uploads its own segments and snapshot files and announces its segments (``segment_plane``);
@@ -94,6 +97,25 @@ class Trainer:
                                      sign=sign)
         if cfg.metrics_port and self.leader is not None:
             self.metrics.serve(cfg.metrics_port)
+
+    def _check_memory(self) -> None:
+        """Refuse to start (:class:`~aurora_store.errors.InsufficientMemoryError`) if the memory plan for this run
+        exceeds the GPU's memory, or ``--gpu-memory-gib`` where given (also on the CPU, planned as a GPU run)."""
+        cfg, world = self.config, self.ranks.world
+        if self.device.type != "cuda" and cfg.gpu_memory_gib is None:
+            return
+        budget = int(cfg.gpu_memory_gib * memory.GIB) if cfg.gpu_memory_gib is not None else \
+            torch.cuda.get_device_properties(self.device).total_memory
+        kind = "cuda"  # the plan is for a GPU run; --gpu-memory-gib on the CPU checks the same arithmetic
+        settings = memory.settings_for(
+            device=kind, world_size=world, optimizer=resolve_optimizer(cfg.optimizer, kind, world),
+            compute=cfg.compute_dtype, kl=cfg.kl_coef > 0, logits_chunk=cfg.logits_chunk,
+            activation_checkpointing=resolve_activation_checkpointing(cfg.activation_checkpointing, kind))
+        result = memory.check(memory.model_config(cfg.model, cfg.model_config), world_size=world,
+                              sequences=-(-cfg.batch_size * cfg.group_size // world), seq_len=cfg.plan_seq_len,
+                              settings=settings, budget_bytes=budget)
+        log.info("memory plan", extra={"per_gpu_bytes": result.per_gpu_bytes, "budget_bytes": budget,
+                                       "peak_phase": result.peak_phase})
 
     def start(self) -> Started:
         """Fresh start (version 0) or resume from the checkpoint; the sharded policy and its learner."""
@@ -157,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     from aurora_store import logs
     from workers.trainer.cli import parse_args
 
+    if "--plan-memory" in (sys.argv[1:] if argv is None else argv):
+        from workers.trainer.memory import run_cli
+
+        return run_cli(argv)
     cfg = parse_args(argv)
     launch = LaunchEnv.from_env()
     rank = launch.rank

@@ -1,0 +1,127 @@
+"""The GPU tier: the trainer's step with its CUDA defaults, a whole run (trainer and torch actors on the GPU),
+the torch engine activating deltas on the GPU and the codec's device extraction on CUDA tensors.
+
+``pytest -m cuda`` on a GPU machine; skipped (with the reason) where torch sees no CUDA device."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from aurora_store.codec import CodecParams, ModelLayout, TensorTarget, apply_delta, digest_state
+from aurora_store.testing.builders import TINY_QWEN3, blobs, encode, perturb, random_state
+from workers.publish.ranks import Ranks
+from workers.rl.grpo import GRPOConfig, Sample
+from workers.rl.model import DEFAULT_CONFIG, build_model
+from workers.trainer import memory
+from workers.trainer.cli import resolve_activation_checkpointing, resolve_optimizer
+from workers.trainer.device import autocast_dtype, configure_compute
+from workers.trainer.learner import ShardedLearner
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="needs a CUDA GPU: torch sees none (CPU-only build or no driver)")]
+
+CUDA = torch.device("cuda", 0)
+MODEL = {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4, "num_attention_heads": 8,
+         "num_key_value_heads": 4, "head_dim": 64, "vocab_size": 32768, "tie_word_embeddings": False,
+         "max_position_embeddings": 1024}
+
+
+def _samples(n: int, prompt: int, completion: int, vocab: int) -> list[Sample]:
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(n):
+        ids = torch.randint(3, vocab, (prompt + completion,), generator=gen).tolist()
+        out.append(Sample(tuple(ids[:prompt]), tuple(ids[prompt:]), tuple([-2.0] * completion), float(i % 2),
+                          f"g{i // 4}"))
+    return out
+
+
+def test_trainer_step_with_the_cuda_defaults_trains_and_matches_its_memory_plan():
+    configure_compute(CUDA)
+    optimizer = resolve_optimizer("auto", "cuda", 1)
+    assert optimizer == "adamw-bf16" and resolve_activation_checkpointing("auto", "cuda")
+    model = build_model({**DEFAULT_CONFIG, **MODEL}, seed=0).to(CUDA)
+    published = {n: p.detach().to(torch.bfloat16) for n, p in model.named_parameters()}
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    learner = ShardedLearner(model, GRPOConfig(lr=1e-4, epochs=2), Ranks(), optimizer=optimizer,
+                             autocast=autocast_dtype(CUDA, "bfloat16", 1), activation_checkpointing=True,
+                             logits_chunk=1024)
+    samples = _samples(16, 128, 384, MODEL["vocab_size"])
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    stats = learner.step(samples)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    assert stats.tokens == 16 * 384 and torch.isfinite(torch.tensor(stats.loss)) and stats.grad_norm > 0
+    assert all(p.grad is None for p in model.parameters())
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+    shape = memory.ModelShape.from_config({**DEFAULT_CONFIG, **MODEL})
+    planned = memory.plan(shape, memory.Batch(16, 512, 384), replace(memory.NEW, logits_chunk=1024),
+                          device="cpu").per_gpu_bytes  # the allocator's bytes: no context reserve
+    assert abs(peak - planned) <= 0.15 * peak, (peak, planned)
+    del published
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_a_whole_run_with_trainer_and_torch_actors_on_the_gpu(tmp_path):
+    from workers.cluster import ClusterSpec, LocalCluster
+
+    spec = ClusterSpec(run_dir=tmp_path, steps=4, batch_size=8, group_size=4, actors={"home": 1},
+                       trainer_args=["--device", "cuda", "--warm-start-steps", "20"],
+                       actor_args=["--device", "cuda", "--verify-full-digest"])
+    cluster = LocalCluster(spec).start()
+    try:
+        summary = cluster.wait_trainer_done(timeout=300)
+        final = summary["trainer_version"]
+        assert final == 4
+        cluster.wait_for(lambda: all(s.active_version == final for s, _ in cluster.plane.actors().values()), 60,
+                         "actors on the final version")
+        store = cluster.store()
+        assert store.versions() == [1, 2, 3, 4]
+    finally:
+        cluster.stop()
+
+
+def test_torch_engine_activates_deltas_on_the_gpu(tmp_path):
+    from workers.engines.torch_engine import TorchEngine
+    from workers.rl.model import side_files
+    from workers.rl.task import build_tokenizer
+
+    model = build_model(DEFAULT_CONFIG, seed=0)
+    model.save_pretrained(tmp_path)
+    for name, data in side_files(DEFAULT_CONFIG, build_tokenizer()).items():
+        if name != "config.json":
+            (tmp_path / name).write_bytes(data)
+    layout = ModelLayout.from_config(DEFAULT_CONFIG)
+    engine = TorchEngine(tmp_path, layout, device=CUDA, version=0)
+    assert next(engine.model.parameters()).device.type == CUDA.type
+    groups = engine.generate(["1+2="], 2, 4, 1.0, seed=0)  # sampling on the GPU (before random bit flips)
+    assert len(groups) == 1 and len(groups[0]) == 2
+    old = {n: p.detach().cpu() for n, p in engine.model.named_parameters()}
+    new = perturb(old, fraction=0.03, seed=1)
+    manifest, segments = encode(layout, old, new, 1, 0, digest_state(layout, old), CodecParams(segment_bytes=4096))
+    apply_delta(manifest, blobs(segments), engine.target)
+    engine.weights_changed()
+    assert engine.target.digest == digest_state(layout, new)
+    for name, param in engine.model.named_parameters():
+        assert torch.equal(param.detach().cpu().view(torch.int16), new[name].view(torch.int16)), name
+
+
+def test_codec_device_extraction_on_cuda_tensors_is_byte_identical_to_the_host():
+    layout = ModelLayout.from_config({**TINY_QWEN3, "tie_word_embeddings": False})
+    old = random_state(layout, seed=5)
+    new = perturb(old, fraction=0.05, seed=6)
+    params = CodecParams(segment_bytes=4096)
+    on_gpu = ({n: t.to(CUDA) for n, t in old.items()}, {n: t.to(CUDA) for n, t in new.items()})
+    host = encode(layout, old, new, 1, 0, digest_state(layout, old), params, extraction="host")
+    device = encode(layout, *on_gpu, 1, 0, digest_state(layout, old), params, extraction="device")
+    assert device[0].to_bytes() == host[0].to_bytes()
+    assert [s.data for s in device[1]] == [s.data for s in host[1]]
+    target = TensorTarget.from_state(layout, {n: t.clone() for n, t in on_gpu[0].items()}, version=0)
+    apply_delta(device[0], blobs(device[1]), target)
+    assert target.digest == digest_state(layout, new)
