@@ -31,6 +31,23 @@ class LayoutError(CodecError):
     """A state dict or config does not match the model layout."""
 
 
+class UnsupportedModelError(LayoutError):
+    """The model's architecture has no layout (unknown, or known and refused for a stated reason)."""
+
+
+class LayoutCoverageError(LayoutError):
+    """A model and its layout do not cover each other: trainable parameters no layout tensor ships
+    (``uncovered``), layout tensors the model does not hold (``unsourced``), or engine parameters the layout
+    does not name (``unnamed``). The message names them."""
+
+    def __init__(self, message: str, *, uncovered: Iterable[str] = (), unsourced: Iterable[str] = (),
+                 unnamed: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.uncovered = tuple(uncovered)
+        self.unsourced = tuple(unsourced)
+        self.unnamed = tuple(unnamed)
+
+
 class LayoutMismatchError(LayoutError):
     """The delta was produced for a different model layout (fingerprint mismatch)."""
 

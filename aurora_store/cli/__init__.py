@@ -17,7 +17,7 @@ EXIT_OK, EXIT_PROBLEMS, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from aurora_store.cli import deltas, keygen, ops, plan
+    from aurora_store.cli import deltas, keygen, layout, ops, plan
 
     parser = argparse.ArgumentParser(
         prog="aurora", description="Sparse delta checkpoints for RL policy weights.",
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     ops.register(sub)
     keygen.register(sub)
     plan.register(sub)
+    layout.register(sub)
     return parser
 
 

@@ -3,7 +3,10 @@
 Trainers hold HuggingFace tensors (``…q_proj.weight``, ``…k_proj.weight``, ``…v_proj.weight``); inference
 engines such as vLLM hold them fused (``…qkv_proj.weight``) by stacking rows in a fixed order. A delta is
 expressed in the *inference* layout so actors can scatter it straight into the engine's tensors: the
-flat index of element ``(r, c)`` of component ``k`` is ``(row_offset_k + r) * row_size + c``.
+flat index of element ``(r, c)`` of component ``k`` is ``(row_offset_k + r) * row_size + c``. Routed experts
+stack the same way into 3-D tensors: with ``stack_dims = 2`` the first two dims of ``[E, R, C]`` form the row
+axis, so expert ``e``'s per-expert 2-D tensors occupy rows ``e·R + …`` (see :mod:`aurora_store.codec.families`,
+which holds the per-architecture facts).
 
 The layout is derived from the model config alone, so trainer and actor agree on it without exchanging
 tensors, and it is identified by a fingerprint (SHA-256 over its canonical JSON) that every manifest
@@ -15,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -24,8 +27,9 @@ from typing import Any
 import torch
 
 from aurora_store.codec import jsondoc
+from aurora_store.codec.families import Family, NameSet, decoder_specs
 from aurora_store.codec.segment import MAX_NAME_BYTES
-from aurora_store.errors import LayoutError, UnsupportedDtypeError
+from aurora_store.errors import LayoutCoverageError, LayoutError, UnsupportedDtypeError
 
 LAYOUT_FORMAT = "aurora.layout/1"
 
@@ -51,12 +55,16 @@ class Component:
 
 @dataclass(frozen=True)
 class InferenceTensor:
-    """A tensor as the inference engine holds it, made of one or more stacked training tensors."""
+    """A tensor as the inference engine holds it, made of one or more stacked training tensors.
+
+    Components tile the *row axis*: the first ``stack_dims`` dims taken together (1 for ordinary tensors;
+    2 for ``[E, R, C]`` expert tensors stacked from per-expert ``[R_k, C]`` tensors)."""
 
     name: str
     shape: tuple[int, ...]
     components: tuple[Component, ...]
     dtype: str = "bfloat16"
+    stack_dims: int = 1
 
     @property
     def numel(self) -> int:
@@ -64,15 +72,20 @@ class InferenceTensor:
 
     @property
     def row_size(self) -> int:
-        """Elements per row (dim 0); 1 for vectors."""
-        return math.prod(self.shape[1:])
+        """Elements per row of the row axis (dim 0 unless ``stack_dims`` > 1); 1 for vectors."""
+        return math.prod(self.shape[self.stack_dims:])
+
+    @property
+    def rows(self) -> int:
+        """Length of the row axis the components tile."""
+        return math.prod(self.shape[: self.stack_dims])
 
     @property
     def is_fused(self) -> bool:
         return len(self.components) > 1
 
     def component_shape(self, component: Component) -> tuple[int, ...]:
-        return (component.rows, *self.shape[1:])
+        return (component.rows, *self.shape[self.stack_dims:])
 
     def component_span(self, component: Component) -> tuple[int, int]:
         """Flat index range ``[lo, hi)`` that ``component`` occupies in this tensor."""
@@ -107,13 +120,15 @@ class ModelLayout:
             # An empty tensor (a zero dimension) is carried like any other: it simply never changes.
             if not tensor.shape or any(d < 0 for d in tensor.shape):
                 raise LayoutError(f"{tensor.name}: invalid shape {tensor.shape}")
+            if not 1 <= tensor.stack_dims <= len(tensor.shape):
+                raise LayoutError(f"{tensor.name}: stack_dims {tensor.stack_dims} outside [1, {len(tensor.shape)}]")
             expected = 0
             for comp in tensor.components:
                 if comp.row_offset != expected or comp.rows < 0:
                     raise LayoutError(f"{tensor.name}: components must tile dim 0 in order")
                 expected += comp.rows
-            if expected != tensor.shape[0]:
-                raise LayoutError(f"{tensor.name}: components cover {expected} of {tensor.shape[0]} rows")
+            if expected != tensor.rows:
+                raise LayoutError(f"{tensor.name}: components cover {expected} of {tensor.rows} rows")
 
     # --- lookup ----------------------------------------------------------------------------------
 
@@ -168,6 +183,8 @@ class ModelLayout:
                     "shape": list(t.shape),
                     "dtype": t.dtype,
                     "components": [[c.train_name, c.rows] for c in t.components],
+                    # Written only when not 1, so layouts without expert stacking keep their fingerprints.
+                    **({"stack_dims": t.stack_dims} if t.stack_dims != 1 else {}),
                 }
                 for t in self.tensors
             ],
@@ -188,8 +205,10 @@ class ModelLayout:
                     comps.append(Component(jsondoc.text(train_name, "component name", LayoutError), offset, rows))
                     offset += rows
                 shape = tuple(jsondoc.integer(d, "shape dimension", LayoutError) for d in t["shape"])
+                stack_dims = jsondoc.integer(t.get("stack_dims", 1), "stack_dims", LayoutError)
                 tensors.append(InferenceTensor(jsondoc.text(t["name"], "tensor name", LayoutError), shape,
-                                               tuple(comps), jsondoc.text(t["dtype"], "dtype", LayoutError)))
+                                               tuple(comps), jsondoc.text(t["dtype"], "dtype", LayoutError),
+                                               stack_dims))
             aliases = tuple((jsondoc.text(a, "alias", LayoutError), jsondoc.text(b, "alias", LayoutError))
                             for a, b in doc.get("aliases", ()))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -206,17 +225,31 @@ class ModelLayout:
     # --- construction ----------------------------------------------------------------------------
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], dtype: str = "bfloat16") -> ModelLayout:
-        """Layout of a Qwen2 / Qwen3 / Llama (or Mistral) decoder from its HF ``config.json``."""
-        return _decoder_layout(config, dtype)
+    def from_config(cls, config: Mapping[str, Any], dtype: str = "bfloat16", *, names: NameSet = "memory",
+                    family: Family | None = None) -> ModelLayout:
+        """Layout of a decoder of any family in :data:`~aurora_store.codec.families.FAMILIES` from its HF
+        ``config.json``, with the trainer's tensor names of ``names``: ``"memory"`` (a transformers model's
+        parameters, what a trainer holds) or ``"checkpoint"`` (a saved checkpoint's; they differ for MoE).
+        ``family`` overrides the config's family facts."""
+        specs, aliases = decoder_specs(config, names, family)
+        tensors = []
+        for spec in specs:
+            comps, offset = [], 0
+            for train_name, rows in spec.components:
+                comps.append(Component(train_name, offset, rows))
+                offset += rows
+            tensors.append(InferenceTensor(spec.name, spec.shape, tuple(comps), dtype, spec.stack_dims))
+        return cls(tuple(tensors), aliases)
 
     @classmethod
-    def from_config_file(cls, path: str | Path, dtype: str = "bfloat16") -> ModelLayout:
+    def from_config_file(cls, path: str | Path, dtype: str = "bfloat16", *, names: NameSet = "memory") -> ModelLayout:
         try:
             config = json.loads(Path(path).read_text())
         except (OSError, ValueError) as exc:
             raise LayoutError(f"cannot read model config {path}: {exc}") from exc
-        return cls.from_config(config, dtype)
+        if not isinstance(config, dict):
+            raise LayoutError(f"model config {path} is not a JSON object")
+        return cls.from_config(config, dtype, names=names)
 
     @classmethod
     def identity(cls, state: Mapping[str, torch.Tensor]) -> ModelLayout:
@@ -227,6 +260,27 @@ class ModelLayout:
             tensors.append(InferenceTensor(name, shape, (Component(name, 0, shape[0]),),
                                            dtype_name(tensor.dtype)))
         return cls(tuple(tensors))
+
+    # --- coverage --------------------------------------------------------------------------------
+
+    def check_coverage(self, trainable: Iterable[str], held: Iterable[str] | None = None) -> None:
+        """Raise :class:`~aurora_store.errors.LayoutCoverageError` naming them unless every ``trainable``
+        parameter name is shipped by this layout (or is a declared alias of one it ships) and every training
+        tensor of the layout is among ``held`` (default: ``trainable``). A trainer calls this before its first
+        publish, so an unsupported model fails at step 0, never by silently shipping part of the weights."""
+        trainable = list(trainable)
+        held_names = set(trainable if held is None else held)
+        shipped = set(self.train_names) | {alias for alias, _ in self.aliases}
+        uncovered = sorted(n for n in trainable if n not in shipped)
+        unsourced = [n for n in self.train_names if n not in held_names]
+        if uncovered or unsourced:
+            parts = []
+            if uncovered:
+                parts.append(f"{len(uncovered)} trainable parameters no layout tensor ships: {uncovered[:8]}")
+            if unsourced:
+                parts.append(f"{len(unsourced)} layout tensors the model does not hold: {unsourced[:8]}")
+            raise LayoutCoverageError("model and layout do not cover each other: " + "; ".join(parts),
+                                      uncovered=uncovered, unsourced=unsourced)
 
     # --- state dicts -----------------------------------------------------------------------------
 
@@ -280,7 +334,8 @@ class ModelLayout:
         fused: dict[str, torch.Tensor] = {}
         for tensor in self.tensors:
             parts = [state[c.train_name].reshape(tensor.component_shape(c)) for c in tensor.components]
-            fused[tensor.name] = parts[0].clone() if len(parts) == 1 else torch.cat(parts, dim=0)
+            whole = parts[0].clone() if len(parts) == 1 else torch.cat(parts, dim=0)
+            fused[tensor.name] = whole.reshape(tensor.shape)
         return fused
 
     def split(self, fused: Mapping[str, torch.Tensor], *, include_aliases: bool = False) -> dict[str, torch.Tensor]:
@@ -295,7 +350,7 @@ class ModelLayout:
             full = fused[tensor.name]
             if tuple(full.shape) != tensor.shape and full.numel() != tensor.numel:
                 raise LayoutError(f"{tensor.name}: shape {tuple(full.shape)} != {tensor.shape}")
-            full = full.reshape(tensor.shape)
+            full = full.reshape((tensor.rows, *tensor.shape[tensor.stack_dims:]))
             for comp in tensor.components:
                 out[comp.train_name] = full[comp.row_offset: comp.row_offset + comp.rows]
         if include_aliases:
@@ -312,71 +367,3 @@ def bits_view(tensor: torch.Tensor) -> torch.Tensor:
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(bits_view(a), bits_view(b)))
-
-
-_DECODER_TYPES = {"qwen2", "qwen3", "llama", "mistral"}
-
-
-def _decoder_layout(config: Mapping[str, Any], dtype: str) -> ModelLayout:
-    model_type = str(config.get("model_type", "")).lower()
-    if model_type not in _DECODER_TYPES:
-        raise LayoutError(f"unsupported model_type {model_type!r}; supported: {sorted(_DECODER_TYPES)}")
-    try:
-        hidden = int(config["hidden_size"])
-        heads = int(config["num_attention_heads"])
-        kv_heads = int(config.get("num_key_value_heads") or heads)
-        head_dim = int(config.get("head_dim") or hidden // heads)
-        inter = int(config["intermediate_size"])
-        layers = int(config["num_hidden_layers"])
-        vocab = int(config["vocab_size"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise LayoutError(f"model config lacks a required field: {exc}") from exc
-    tied = bool(config.get("tie_word_embeddings", False))
-    # Qwen2 always carries q/k/v biases; Llama/Qwen3 only with attention_bias.
-    qkv_bias = model_type == "qwen2" or bool(config.get("attention_bias", False))
-    o_bias = model_type in {"llama", "mistral"} and bool(config.get("attention_bias", False))
-    mlp_bias = model_type in {"llama", "mistral"} and bool(config.get("mlp_bias", False))
-    qk_norm = model_type == "qwen3"
-
-    def single(name: str, shape: tuple[int, ...]) -> InferenceTensor:
-        return InferenceTensor(name, shape, (Component(name, 0, shape[0]),), dtype)
-
-    def stacked(name: str, parts: list[tuple[str, int]], tail: tuple[int, ...]) -> InferenceTensor:
-        comps, offset = [], 0
-        for train_name, rows in parts:
-            comps.append(Component(train_name, offset, rows))
-            offset += rows
-        return InferenceTensor(name, (offset, *tail), tuple(comps), dtype)
-
-    q_rows, kv_rows = heads * head_dim, kv_heads * head_dim
-    tensors = [single("model.embed_tokens.weight", (vocab, hidden))]
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        a, m = p + "self_attn.", p + "mlp."
-        for kind in ("weight", "bias") if qkv_bias else ("weight",):
-            tail = (hidden,) if kind == "weight" else ()
-            tensors.append(stacked(f"{a}qkv_proj.{kind}", [(f"{a}q_proj.{kind}", q_rows),
-                                                           (f"{a}k_proj.{kind}", kv_rows),
-                                                           (f"{a}v_proj.{kind}", kv_rows)], tail))
-        tensors.append(single(f"{a}o_proj.weight", (hidden, q_rows)))
-        if o_bias:
-            tensors.append(single(f"{a}o_proj.bias", (hidden,)))
-        if qk_norm:
-            tensors.append(single(f"{a}q_norm.weight", (head_dim,)))
-            tensors.append(single(f"{a}k_norm.weight", (head_dim,)))
-        for kind in ("weight", "bias") if mlp_bias else ("weight",):
-            tail = (hidden,) if kind == "weight" else ()
-            tensors.append(stacked(f"{m}gate_up_proj.{kind}", [(f"{m}gate_proj.{kind}", inter),
-                                                               (f"{m}up_proj.{kind}", inter)], tail))
-        tensors.append(single(f"{m}down_proj.weight", (hidden, inter)))
-        if mlp_bias:
-            tensors.append(single(f"{m}down_proj.bias", (hidden,)))
-        tensors.append(single(p + "input_layernorm.weight", (hidden,)))
-        tensors.append(single(p + "post_attention_layernorm.weight", (hidden,)))
-    tensors.append(single("model.norm.weight", (hidden,)))
-    aliases: tuple[tuple[str, str], ...] = ()
-    if tied:
-        aliases = (("lm_head.weight", "model.embed_tokens.weight"),)
-    else:
-        tensors.append(single("lm_head.weight", (vocab, hidden)))
-    return ModelLayout(tuple(tensors), aliases)

@@ -110,6 +110,9 @@ class StepPublisher:
         """This process's bf16 rows of every training tensor (see the module docs for which rows)."""
         if isinstance(model_or_state, torch.nn.Module):
             tensors: Mapping[str, torch.Tensor] = dict(model_or_state.named_parameters())
+            # Refuse to publish part of a model: every trainable parameter must be in the layout.
+            self.layout.check_coverage([n for n, p in model_or_state.named_parameters() if p.requires_grad],
+                                       held=tensors)
         elif isinstance(model_or_state, Mapping):
             tensors = model_or_state
         else:

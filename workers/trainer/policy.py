@@ -56,9 +56,9 @@ class ShardedPolicy:
             shard_onto(model, ranks, device or torch.device("cpu"), policy)
         # Keep the sharded parameter objects: FSDP2 swaps unsharded views into the modules during forward.
         named = dict(model.named_parameters())
-        missing = [n for n in layout.train_names if n not in named]
-        if missing:
-            raise LayoutError(f"model lacks training tensors of its layout: {missing[:8]}")
+        # The guard against silent name-mapping gaps: every trainable parameter must be shipped and every
+        # layout tensor must have a source, or no step is ever published (LayoutCoverageError names them).
+        layout.check_coverage([n for n, p in named.items() if p.requires_grad], held=named)
         params = {n: named[n] for n in layout.train_names}
         starts = {}
         for name, param in params.items():

@@ -121,6 +121,24 @@ def packed_layers(model: torch.nn.Module) -> list[str]:
             if getattr(module, "cpu_linear", linear) is not linear]
 
 
+def repacked_experts(model: torch.nn.Module) -> list[str]:
+    """MoE layers whose experts vLLM's CPU backend computes from weights it repacked after loading
+    (``CPUUnquantizedExperts.process_weights_after_loading`` → ``cpu_prepack_moe_weight``, unless it chose
+    zentorch): their parameters keep their shapes but not the loaders' element order, so an in-place write at
+    a codec flat index would land on the wrong weight. Empty on other platforms and kernels."""
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except ImportError:  # a vLLM without CPU MoE kernels
+        return []
+    found = []
+    for name, module in model.named_modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if isinstance(experts, CPUUnquantizedExperts) and not getattr(experts, "_use_zentorch", False):
+            found.append(name)
+    return found
+
+
 def bind_model(layout: ModelLayout, model: torch.nn.Module, tp_rank: int, tp_size: int
                ) -> tuple[dict[str, Shard], list[str]]:
     """:func:`~workers.vllm.shards.bind_layout` over a worker's model, plus :func:`packed_layers`:
@@ -130,6 +148,10 @@ def bind_model(layout: ModelLayout, model: torch.nn.Module, tp_rank: int, tp_siz
                  "would not reach it (the aurora vllm.general_plugins entry point selects vLLM's fallback GEMM "
                  "on CPU: is aurora-rl installed where vLLM runs, and not excluded by VLLM_PLUGINS?)"
                  for name in packed_layers(model)]
+    problems += [f"{name}: vLLM's CPU MoE backend repacked w13_weight/w2_weight into a blocked layout after "
+                 "loading (same shape, elements permuted), so the codec's flat indices do not address them; "
+                 "MoE weights can be updated in place only on a backend that keeps the loaded layout"
+                 for name in repacked_experts(model)]
     return shards, problems
 
 

@@ -1,0 +1,252 @@
+"""Per-architecture facts and the one rule engine that turns a model config into the engine's tensors.
+
+Decoder families differ in a handful of facts — which projections the engine fuses, which biases and norms
+exist, how routed experts are named and stacked — not in code, so each family is one row of :data:`FAMILIES`
+(as vLLM's ``packed_modules_mapping`` and expert-parameter mappings describe the same facts on its side) and
+:func:`decoder_specs` applies the same rules to every row. What each rule produces is proven element for
+element against vLLM's own loaders (``tests/vllm/test_layout_coverage.py``).
+
+Two trainer-side name sets exist for MoE models: transformers 5 holds the routed experts *in memory* as one
+3-D tensor per projection (``mlp.experts.gate_up_proj`` ``[E, 2·I, H]``, gate rows then up rows per expert,
+``mlp.experts.down_proj`` ``[E, H, I]``), exactly vLLM's ``w13_weight`` / ``w2_weight``; a *saved
+checkpoint* holds one 2-D tensor per expert and projection (``experts.N.gate_proj.weight``, Mixtral's
+``experts.N.w1.weight``), which stack into the same engine tensor row block by row block. Dense families
+have one name set.
+
+This module knows nothing of tensors: it returns :class:`TensorSpec` values that
+:class:`~aurora_store.codec.layout.ModelLayout` turns into its inference tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from aurora_store.errors import LayoutError, UnsupportedModelError
+
+NameSet = Literal["memory", "checkpoint"]
+NAME_SETS: tuple[NameSet, ...] = ("memory", "checkpoint")
+#: When a bias or norm exists: never, always, or when the named boolean config field is true.
+Presence = Literal["never", "always", "attention_bias", "mlp_bias"]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One engine tensor: ``components`` ``(train name, rows)`` stack along the first ``stack_dims`` dims
+    taken as one row axis (1 for ordinary tensors; 2 when per-expert 2-D tensors stack into ``[E, R, C]``)."""
+
+    name: str
+    shape: tuple[int, ...]
+    components: tuple[tuple[str, int], ...]
+    stack_dims: int = 1
+
+
+@dataclass(frozen=True)
+class Experts:
+    """How a family's routed experts are named (vLLM's ``FusedMoE`` stacks them into ``w13``/``w2``)."""
+
+    #: The decoder layer's MoE module, as vLLM and the saved checkpoint name it.
+    block: str
+    #: Checkpoint names of each expert's gate, up and down projections (vLLM's expert-parameter mapping).
+    checkpoint_names: tuple[str, str, str]
+    #: Config fields: number of routed experts, each expert's intermediate size.
+    count_key: str
+    inter_key: str
+    #: Which layers are sparse: "all", or "step" (Qwen-MoE's ``decoder_sparse_step`` and ``mlp_only_layers``).
+    sparse_layers: Literal["all", "step"] = "all"
+
+
+@dataclass(frozen=True)
+class Family:
+    """The facts that distinguish one decoder family's tensors (see the module docs)."""
+
+    #: "split": the trainer holds q/k/v (gate/up) separately and the engine stacks them into
+    #: ``qkv_proj`` (``gate_up_proj``); "fused": the trainer already holds the fused tensor (Phi-3).
+    qkv: Literal["split", "fused"] = "split"
+    mlp: Literal["split", "fused"] = "split"
+    qkv_bias: Presence = "never"
+    o_bias: Presence = "never"
+    mlp_bias: Presence = "never"
+    #: Per-head q/k RMSNorm (``[head_dim]``: Qwen3, Gemma 3) or over the whole projection (OLMo 2/3).
+    qk_norm: Literal["none", "head", "projection"] = "none"
+    #: Each decoder layer's norms, in the engine's order.
+    layer_norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
+    #: ``tie_word_embeddings`` when the config does not say (transformers' default for the family).
+    tied_default: bool = False
+    experts: Experts | None = None
+
+
+_SANDWICH = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+             "post_feedforward_layernorm")
+
+#: model_type → facts. Gemma 3's norms hold ``w`` of ``(1 + w)·x̂`` and its embedding is scaled at run time,
+#: in both engines alike, so the stored tensors are shipped unchanged.
+FAMILIES: dict[str, Family] = {
+    "llama": Family(qkv_bias="attention_bias", o_bias="attention_bias", mlp_bias="mlp_bias"),
+    "mistral": Family(),
+    "qwen2": Family(qkv_bias="always"),
+    "qwen3": Family(qkv_bias="attention_bias", qk_norm="head"),
+    "gemma3_text": Family(qk_norm="head", layer_norms=_SANDWICH, tied_default=True),
+    "phi3": Family(qkv="fused", mlp="fused"),
+    "olmo2": Family(qk_norm="projection", layer_norms=("post_attention_layernorm", "post_feedforward_layernorm")),
+    "olmo3": Family(qk_norm="projection", layer_norms=("post_attention_layernorm", "post_feedforward_layernorm")),
+    "qwen3_moe": Family(qkv_bias="attention_bias", qk_norm="head",
+                        experts=Experts("mlp", ("gate_proj", "up_proj", "down_proj"), "num_experts",
+                                        "moe_intermediate_size", sparse_layers="step")),
+    "mixtral": Family(experts=Experts("block_sparse_moe", ("w1", "w3", "w2"), "num_local_experts",
+                                      "intermediate_size")),
+}
+#: Aliases transformers uses for the same family.
+MODEL_TYPE_ALIASES = {"gemma3": "gemma3_text"}
+
+#: Families Aurora knows and refuses, with the reason (a clear error at step 0 beats a silent gap later).
+REFUSED: dict[str, str] = {
+    "gpt_oss": "its experts are stored transposed against vLLM's (transformers [E, H, 2·I] with gate and up "
+               "interleaved, vLLM w13 [E, 2·I, H]), and layouts carry row stacking only, no transposes",
+    "deepseek_v2": "multi-head latent attention: vLLM derives absorbed tensors (W_UK, W_UV) from kv_b_proj "
+                   "after loading, which in-place writes would leave stale",
+    "deepseek_v3": "multi-head latent attention: vLLM derives absorbed tensors (W_UK, W_UV) from kv_b_proj "
+                   "after loading, which in-place writes would leave stale",
+    "kimi_k2": "multi-head latent attention (DeepSeek-V3 architecture): vLLM derives absorbed tensors from "
+               "kv_b_proj after loading, which in-place writes would leave stale",
+}
+
+
+def family_of(config: Mapping[str, Any]) -> tuple[str, Family]:
+    """The family of a HF ``config.json``; :class:`~aurora_store.errors.UnsupportedModelError` otherwise."""
+    raw = str(config.get("model_type", "")).lower()
+    model_type = MODEL_TYPE_ALIASES.get(raw, raw)
+    if model_type in REFUSED:
+        raise UnsupportedModelError(f"model_type {raw!r} has no Aurora layout: {REFUSED[model_type]}")
+    family = FAMILIES.get(model_type)
+    if family is None:
+        raise UnsupportedModelError(f"unsupported model_type {raw!r}; supported: {sorted(FAMILIES)}")
+    return model_type, family
+
+
+def _present(rule: Presence, config: Mapping[str, Any]) -> bool:
+    if rule in ("never", "always"):
+        return rule == "always"
+    return bool(config.get(rule, False))
+
+
+def _int(config: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    value = config.get(key)
+    if value is None:
+        if default is None:
+            raise LayoutError(f"model config lacks a required field: {key!r}")
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError) as exc:
+        raise LayoutError(f"model config field {key!r} is not an integer: {value!r}") from exc
+
+
+def _sparse(experts: Experts, config: Mapping[str, Any], layer: int) -> bool:
+    if experts.sparse_layers == "all":
+        return True
+    step = _int(config, "decoder_sparse_step", 1)
+    only_mlp = set(config.get("mlp_only_layers") or ())
+    return layer not in only_mlp and step > 0 and (layer + 1) % step == 0
+
+
+def decoder_specs(config: Mapping[str, Any], names: NameSet = "memory",
+                  family: Family | None = None) -> tuple[list[TensorSpec], tuple[tuple[str, str], ...]]:
+    """``(engine tensors, tied aliases)`` of a decoder from its HF config, with trainer names of ``names``.
+    ``family`` overrides the config's family (to test what a missing fact does)."""
+    if names not in NAME_SETS:
+        raise LayoutError(f"unknown name set {names!r}; one of {NAME_SETS}")
+    if family is None:
+        _, family = family_of(config)
+    hidden = _int(config, "hidden_size")
+    heads = _int(config, "num_attention_heads")
+    kv_heads = _int(config, "num_key_value_heads", heads)
+    head_dim = _int(config, "head_dim", hidden // heads if heads else 0)
+    layers = _int(config, "num_hidden_layers")
+    vocab = _int(config, "vocab_size")
+    tied_value = config.get("tie_word_embeddings")
+    tied = family.tied_default if tied_value is None else bool(tied_value)
+    q_rows, kv_rows = heads * head_dim, kv_heads * head_dim
+
+    def single(name: str, shape: tuple[int, ...]) -> TensorSpec:
+        return TensorSpec(name, shape, ((name, shape[0]),))
+
+    def stacked(name: str, parts: list[tuple[str, int]], tail: tuple[int, ...]) -> TensorSpec:
+        return TensorSpec(name, (sum(rows for _, rows in parts), *tail), tuple(parts))
+
+    def kinds(bias: bool) -> tuple[str, ...]:
+        return ("weight", "bias") if bias else ("weight",)
+
+    specs = [single("model.embed_tokens.weight", (vocab, hidden))]
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        for kind in kinds(_present(family.qkv_bias, config)):
+            tail = (hidden,) if kind == "weight" else ()
+            if family.qkv == "fused":
+                specs.append(single(f"{a}qkv_proj.{kind}", (q_rows + 2 * kv_rows, *tail)))
+            else:
+                specs.append(stacked(f"{a}qkv_proj.{kind}", [(f"{a}q_proj.{kind}", q_rows),
+                                                             (f"{a}k_proj.{kind}", kv_rows),
+                                                             (f"{a}v_proj.{kind}", kv_rows)], tail))
+        specs.append(single(f"{a}o_proj.weight", (hidden, q_rows)))
+        if _present(family.o_bias, config):
+            specs.append(single(f"{a}o_proj.bias", (hidden,)))
+        if family.qk_norm == "head":
+            specs += [single(f"{a}q_norm.weight", (head_dim,)), single(f"{a}k_norm.weight", (head_dim,))]
+        elif family.qk_norm == "projection":
+            specs += [single(f"{a}q_norm.weight", (q_rows,)), single(f"{a}k_norm.weight", (kv_rows,))]
+        experts = family.experts
+        if experts is not None and _sparse(experts, config, i):
+            specs += _expert_specs(experts, config, p, hidden, names)
+        else:
+            specs += _dense_mlp_specs(family, config, p + "mlp.", hidden, kinds)
+        specs += [single(p + f"{norm}.weight", (hidden,)) for norm in family.layer_norms]
+    specs.append(single("model.norm.weight", (hidden,)))
+    if tied:
+        return specs, (("lm_head.weight", "model.embed_tokens.weight"),)
+    specs.append(single("lm_head.weight", (vocab, hidden)))
+    return specs, ()
+
+
+def _dense_mlp_specs(family: Family, config: Mapping[str, Any], m: str, hidden: int, kinds) -> list[TensorSpec]:
+    inter = _int(config, "intermediate_size")
+    bias = _present(family.mlp_bias, config)
+    specs = []
+    for kind in kinds(bias):
+        tail = (hidden,) if kind == "weight" else ()
+        name = f"{m}gate_up_proj.{kind}"
+        if family.mlp == "fused":
+            specs.append(TensorSpec(name, (2 * inter, *tail), ((name, 2 * inter),)))
+        else:
+            specs.append(TensorSpec(name, (2 * inter, *tail), ((f"{m}gate_proj.{kind}", inter),
+                                                              (f"{m}up_proj.{kind}", inter))))
+    specs.append(TensorSpec(f"{m}down_proj.weight", (hidden, inter), ((f"{m}down_proj.weight", hidden),)))
+    if bias:
+        specs.append(TensorSpec(f"{m}down_proj.bias", (hidden,), ((f"{m}down_proj.bias", hidden),)))
+    return specs
+
+
+def _expert_specs(experts: Experts, config: Mapping[str, Any], p: str, hidden: int,
+                  names: NameSet) -> list[TensorSpec]:
+    count = _int(config, experts.count_key)
+    inter = _int(config, experts.inter_key)
+    block = p + experts.block + "."
+    engine = block + "experts.routed_experts."
+    w13, w2 = (count, 2 * inter, hidden), (count, hidden, inter)
+    router = TensorSpec(block + "gate.weight", (count, hidden),
+                        ((p + ("mlp" if names == "memory" else experts.block) + ".gate.weight", count),))
+    if names == "memory":
+        # transformers 5 holds each projection of all experts as one tensor, in vLLM's own order.
+        mem = p + "mlp.experts."
+        return [router, TensorSpec(engine + "w13_weight", w13, ((mem + "gate_up_proj", count),)),
+                TensorSpec(engine + "w2_weight", w2, ((mem + "down_proj", count),))]
+    gate, up, down = experts.checkpoint_names
+    ckpt = block + "experts."
+    # Per expert, gate rows then up rows (vLLM's shard ids w1, w3); stacked over experts × rows.
+    w13_parts = tuple(part for e in range(count)
+                      for part in ((f"{ckpt}{e}.{gate}.weight", inter), (f"{ckpt}{e}.{up}.weight", inter)))
+    w2_parts = tuple((f"{ckpt}{e}.{down}.weight", hidden) for e in range(count))
+    return [router, TensorSpec(engine + "w13_weight", w13, w13_parts, stack_dims=2),
+            TensorSpec(engine + "w2_weight", w2, w2_parts, stack_dims=2)]
