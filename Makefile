@@ -8,7 +8,7 @@ VLLM_STAMP := $(VENV)/.aurora-vllm-installed
 # torch comes from the local CPU wheel on our machines (pip finds it); any matching release works elsewhere.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv vllm system-deps demo demo-0.6b test test-fast test-vllm lint bench chaos clean device-check
+.PHONY: venv vllm system-deps node-deps demo demo-0.6b test test-fast test-vllm lint bench chaos clean device-check
 
 venv: $(STAMP)
 
@@ -40,7 +40,17 @@ system-deps:
 	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q redis-server >/dev/null 2>&1; }; }; } || \
 	  echo "note: redis-server is not installed: the TLS tests will be skipped"
 
-test: $(STAMP) $(VLLM_STAMP) system-deps lint
+# Azurite, the Azure Blob Storage emulator of the az:// tests, from npm into the venv (~30 s once); without npm
+# those tests are skipped (visibly).
+AZURITE_VERSION ?= 3.37.0
+AZURITE_STAMP := $(VENV)/node/.azurite-$(AZURITE_VERSION)
+
+node-deps: $(STAMP)
+	@test -f $(AZURITE_STAMP) || { command -v npm >/dev/null 2>&1 && \
+	  npm install --silent --no-audit --no-fund --prefix $(VENV)/node azurite@$(AZURITE_VERSION) >/dev/null && \
+	  touch $(AZURITE_STAMP); } || echo "note: npm is not installed: the Azure (Azurite) tests will be skipped"
+
+test: $(STAMP) $(VLLM_STAMP) system-deps node-deps lint
 	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q --durations=15
 
 test-vllm: $(VLLM_STAMP)
