@@ -8,7 +8,7 @@ VLLM_STAMP := $(VENV)/.aurora-vllm-installed
 # torch comes from the local CPU wheel on our machines (pip finds it); any matching release works elsewhere.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv vllm system-deps node-deps demo demo-0.6b test test-fast test-vllm lint bench chaos clean device-check
+.PHONY: venv vllm system-deps node-deps sky-venv demo demo-0.6b test test-fast test-vllm lint bench chaos clean device-check
 
 venv: $(STAMP)
 
@@ -45,12 +45,24 @@ system-deps:
 AZURITE_VERSION ?= 3.37.0
 AZURITE_STAMP := $(VENV)/node/.azurite-$(AZURITE_VERSION)
 
-node-deps: $(STAMP)
+node-deps: | $(STAMP)
 	@test -f $(AZURITE_STAMP) || { command -v npm >/dev/null 2>&1 && \
 	  npm install --silent --no-audit --no-fund --prefix $(VENV)/node azurite@$(AZURITE_VERSION) >/dev/null && \
 	  touch $(AZURITE_STAMP); } || echo "note: npm is not installed: the Azure (Azurite) tests will be skipped"
 
-test: $(STAMP) $(VLLM_STAMP) system-deps node-deps lint
+# SkyPilot, only to load infra/skypilot's task YAMLs with its own parser (tests/infra/test_skypilot.py). Its own
+# small venv inside .venv: skypilot pins an older click than the main venv's.
+SKYPILOT_VERSION ?= 0.14.1
+SKY_STAMP := $(VENV)/sky/.skypilot-$(SKYPILOT_VERSION)
+
+sky-venv: $(SKY_STAMP)
+
+$(SKY_STAMP): | $(STAMP)
+	@test -x $(VENV)/sky/bin/python || $(PY) -m venv $(VENV)/sky
+	$(VENV)/sky/bin/python -m pip install -q "skypilot==$(SKYPILOT_VERSION)"
+	@touch $@
+
+test: $(STAMP) $(VLLM_STAMP) system-deps node-deps sky-venv lint
 	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q --durations=15
 
 test-vllm: $(VLLM_STAMP)
