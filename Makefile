@@ -8,7 +8,8 @@ VLLM_STAMP := $(VENV)/.aurora-vllm-installed
 # torch comes from the local CPU wheel on our machines (pip finds it); any matching release works elsewhere.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv vllm system-deps demo demo-0.6b test test-long test-fast test-vllm lint bench chaos clean device-check
+.PHONY: venv vllm system-deps node-deps sky-venv demo demo-0.6b test test-long test-fast test-vllm lint bench chaos clean \
+  device-check
 
 venv: $(STAMP)
 
@@ -40,13 +41,35 @@ system-deps:
 	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q redis-server >/dev/null 2>&1; }; }; } || \
 	  echo "note: redis-server is not installed: the TLS tests will be skipped"
 
+# Azurite, the Azure Blob Storage emulator of the az:// tests, from npm into the venv (~30 s once); without npm
+# those tests are skipped (visibly).
+AZURITE_VERSION ?= 3.37.0
+AZURITE_STAMP := $(VENV)/node/.azurite-$(AZURITE_VERSION)
+
+node-deps: | $(STAMP)
+	@test -f $(AZURITE_STAMP) || { command -v npm >/dev/null 2>&1 && \
+	  npm install --silent --no-audit --no-fund --prefix $(VENV)/node azurite@$(AZURITE_VERSION) >/dev/null && \
+	  touch $(AZURITE_STAMP); } || echo "note: npm is not installed: the Azure (Azurite) tests will be skipped"
+
+# SkyPilot, only to load infra/skypilot's task YAMLs with its own parser (tests/infra/test_skypilot.py). Its own
+# small venv inside .venv: skypilot pins an older click than the main venv's.
+SKYPILOT_VERSION ?= 0.14.1
+SKY_STAMP := $(VENV)/sky/.skypilot-$(SKYPILOT_VERSION)
+
+sky-venv: $(SKY_STAMP)
+
+$(SKY_STAMP): | $(STAMP)
+	@test -x $(VENV)/sky/bin/python || $(PY) -m venv $(VENV)/sky
+	$(VENV)/sky/bin/python -m pip install -q "skypilot==$(SKYPILOT_VERSION)"
+	@touch $@
+
 # Two passes: most of the suite waits on real processes, so it runs on TEST_WORKERS pytest-xdist workers (a file per
 # worker, the longest first: tests/parallel.py); then the tests that judge time or throughput (marked `serial`)
 # run alone on the machine. Each pass writes a JUnit report under runs/test-reports/ (scripts/test-durations turns
 # them into tests/durations.json, the order of the next parallel pass).
 TEST_WORKERS ?= 3
 REPORTS := runs/test-reports
-test: $(STAMP) $(VLLM_STAMP) system-deps lint
+test: $(STAMP) $(VLLM_STAMP) system-deps node-deps sky-venv lint
 	@mkdir -p $(REPORTS)
 	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not serial and not long" --durations=30 \
 	  --junitxml=$(REPORTS)/parallel.xml
@@ -54,7 +77,7 @@ test: $(STAMP) $(VLLM_STAMP) system-deps lint
 	  --junitxml=$(REPORTS)/serial.xml
 
 # The full-length proofs kept out of `make test` (the README's test tiers): the tests marked `long`, alone.
-test-long: $(STAMP) $(VLLM_STAMP) system-deps
+test-long: $(STAMP) $(VLLM_STAMP) system-deps node-deps sky-venv
 	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -p no:xdist -m long --durations=15
 
 test-vllm: $(VLLM_STAMP)

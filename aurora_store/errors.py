@@ -115,6 +115,11 @@ class TransientStoreError(StoreError):
     """A retryable failure (5xx, timeout, conditional conflict) that outlived its retries."""
 
 
+class CreateOnlyUnsupportedError(StoreError, NotImplementedError):
+    """The bucket's filesystem has no atomic create-only write, so publishing there could let two writers both
+    "win" a version; refused unless the operator declares a single writer (``?single_writer=true``)."""
+
+
 class IntegrityError(StoreError):
     """Bytes fetched from a bucket do not match their content address, even after re-fetching."""
 

@@ -1,5 +1,5 @@
 """Shared test configuration: hypothesis profiles and real servers (Redis/Valkey, SeaweedFS S3, a GCS
-emulator)."""
+emulator, Azurite)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import uuid
 import pytest
 from hypothesis import HealthCheck, settings
 
-from aurora_store.testing.servers import GCSServer, RedisServer, S3Server
+from aurora_store.errors import ConfigError
+from aurora_store.testing.servers import AzuriteServer, GCSServer, RedisServer, S3Server, azurite_binary
 from tests import parallel
 
 settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -19,7 +20,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 #: A test that uses one of these fixtures needs that server: it gets the marker, so ``-m "not s3"`` really
 #: deselects every test that would start SeaweedFS (modules that start servers themselves mark it too).
-_SERVER_MARKERS = {"s3_server": "s3", "gcs_server": "gcs", "redis_server": "redis"}
+_SERVER_MARKERS = {"s3_server": "s3", "gcs_server": "gcs", "redis_server": "redis", "azure_server": "azure"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -76,6 +77,34 @@ def gcs_bucket_url(gcs_server):
     name = f"t-{uuid.uuid4().hex[:12]}"
     gcs_server.create_bucket(name)
     return gcs_server.bucket_url(name)
+
+
+@pytest.fixture(scope="session")
+def azure_server():
+    """Azurite (Azure Blob Storage emulator) for the whole session; clients get its connection string through
+    the environment, as adlfs reads it. Skipped, visibly, where ``make node-deps`` could not install it (no npm)."""
+    try:
+        azurite_binary()
+    except ConfigError as exc:
+        pytest.skip(str(exc))
+    server = AzuriteServer().start()
+    saved = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    yield server
+    server.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture()
+def azure_bucket_url(azure_server):
+    """A fresh, empty container on Azurite."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    azure_server.create_bucket(name)
+    return azure_server.bucket_url(name)
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,20 @@ class Capabilities:
     ``atomic_create``: :meth:`Bucket.create` is a single atomic conditional write (S3 ``If-None-Match: *``,
     GCS ``ifGenerationMatch=0``, ``link(2)`` locally) — never check-then-write. Publishing versions relies on
     it: without it two trainers could both "win" a version.
+
+    ``single_writer``: the operator declared (``?single_writer=true`` in the URL) that exactly one process writes
+    this bucket, so a check-then-write :meth:`Bucket.create` is enough. :class:`~aurora_store.store.DeltaStore`
+    refuses every create-only write (manifests, layouts, snapshot manifests) on a bucket with neither, raising
+    :class:`~aurora_store.errors.CreateOnlyUnsupportedError` before anything is written.
     """
 
     atomic_create: bool
+    single_writer: bool = False
+
+    @property
+    def can_publish(self) -> bool:
+        """Whether create-only writes (hence publishing) are safe on this bucket."""
+        return self.atomic_create or self.single_writer
 
 
 class Bucket(ABC):

@@ -8,9 +8,13 @@ or — so that every process of a run (trainer, relays, actors) opens it by URL 
     mystore = "my_package.bucket:from_url"     # mystore://… URLs
 
 Entry points are read only when a URL names a scheme nobody registered in-process, and only that scheme's is
-imported. A factory is called as ``factory(url, create=…, settings=…)`` with the parsed :class:`BucketURL` and
-returns a :class:`~aurora_store.store.base.Bucket`; it checks the URL itself (its options, a missing bucket name)
-and raises :class:`~aurora_store.errors.ConfigError` for what it does not accept.
+imported. A scheme with neither but which fsspec knows (``hf``, ``sftp``, ``webdav``, ``local`` …) opens with the
+generic fsspec backend (:mod:`aurora_store.store.anyfs`), which refuses to publish without atomic create-only
+writes unless the URL declares a single writer.
+
+A factory is called as ``factory(url, create=…, settings=…)`` with the parsed :class:`BucketURL` and returns a
+:class:`~aurora_store.store.base.Bucket`; it checks the URL itself (its options, a missing bucket name) and raises
+:class:`~aurora_store.errors.ConfigError` for what it does not accept.
 """
 
 from __future__ import annotations
@@ -82,15 +86,29 @@ BUILTIN_SCHEMES: Mapping[str, str] = MappingProxyType({
     "s3": "aurora_store.store.s3:from_url",
     "gs": "aurora_store.store.gcs:from_url",
     "gcs": "aurora_store.store.gcs:from_url",
+    "az": "aurora_store.store.azure:from_url",
+    "abfs": "aurora_store.store.azure:from_url",
+    "abfss": "aurora_store.store.azure:from_url",
 })
+
+#: Any other protocol fsspec knows opens here (named as a string: this module imports no backend).
+FSSPEC_FALLBACK = "aurora_store.store.anyfs:from_url"
+
+
+def fsspec_knows(scheme: str) -> bool:
+    """Whether fsspec has (or names, to be installed) a filesystem for ``scheme``."""
+    import fsspec
+
+    return scheme in fsspec.available_protocols()
 
 
 class BucketRegistry:
     """Scheme → factory. Process-wide through the module functions below; tests may build their own."""
 
     def __init__(self, builtins: Mapping[str, FactorySpec] = BUILTIN_SCHEMES,
-                 entry_point_group: str = ENTRY_POINT_GROUP) -> None:
+                 entry_point_group: str = ENTRY_POINT_GROUP, fallback: FactorySpec | None = FSSPEC_FALLBACK) -> None:
         self._specs: dict[str, FactorySpec] = dict(builtins)
+        self._fallback = fallback
         self._loaded: dict[str, BucketFactory] = {}
         self._group = entry_point_group
         # Reentrant: a factory's module may register schemes itself while it is being imported under the lock.
@@ -130,11 +148,15 @@ class BucketRegistry:
             if spec is None:
                 # Looked up on every miss, not cached: a path added to sys.path later may bring the scheme.
                 found = self._entry_points(scheme)
+                if not found and self._fallback is not None and fsspec_knows(scheme):
+                    # Not cached in _specs: registering the scheme later needs no clobber.
+                    loaded = self._loaded[scheme] = _load(scheme, self._fallback)
+                    return loaded
                 if not found:
                     raise ConfigError(f"unsupported bucket URL scheme {scheme!r}{f' in {url}' if url else ''}; "
-                                      f"known schemes: {', '.join(self.schemes())} (and bare paths); others are "
-                                      f"added with aurora_store.store.register_bucket or the {self._group!r} "
-                                      f"entry-point group")
+                                      f"known schemes: {', '.join(self.schemes())} (and bare paths), and any "
+                                      f"fsspec protocol; others are added with aurora_store.store.register_bucket "
+                                      f"or the {self._group!r} entry-point group")
                 if len({ep.value for ep in found}) > 1:  # two installed packages claim it: neither is chosen
                     raise ConfigError(f"bucket scheme {scheme!r} has several {self._group!r} entry points: "
                                       f"{', '.join(sorted({ep.value for ep in found}))}; uninstall all but one")

@@ -23,6 +23,7 @@ from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.manifest import DeltaManifest, SegmentRef
 from aurora_store.config import TransferSettings
 from aurora_store.errors import (
+    CreateOnlyUnsupportedError,
     IntegrityError,
     LayoutError,
     ManifestError,
@@ -77,7 +78,14 @@ class DeltaStore:
     def create_object(self, key: str, data: bytes, *, error: type[ObjectExistsError] = ObjectExistsError,
                       message: str | None = None) -> None:
         """Create-only write. If the object exists with identical bytes (e.g. our own earlier attempt whose
-        response was lost) this succeeds; otherwise ``error`` is raised."""
+        response was lost) this succeeds; otherwise ``error`` is raised. A bucket that can neither create
+        atomically nor was declared single-writer is refused before anything is written."""
+        capabilities = self.bucket.capabilities
+        if not capabilities.can_publish:
+            raise CreateOnlyUnsupportedError(
+                f"{self.url} has no atomic create-only write ({type(self.bucket).__name__}), so two writers could "
+                f"both publish {key}; use a backend that has one (s3, gs, az, file) or, if exactly one process "
+                f"writes this bucket, add single_writer=true to its URL")
         try:
             self._call(lambda: self.bucket.create(key, data))
         except ObjectExistsError:

