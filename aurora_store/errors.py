@@ -137,6 +137,16 @@ class ConfigError(AuroraError, ValueError):
     """Configuration is missing or invalid."""
 
 
+class DiskBudgetError(AuroraError, OSError):
+    """A directory's filesystem cannot hold what a process will write there (e.g. the trainer's checkpoints);
+    ``needed`` and ``free`` are in bytes."""
+
+    def __init__(self, message: str, *, needed: int, free: int) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.free = free
+
+
 # --- operations and local services ----------------------------------------------------------------
 
 

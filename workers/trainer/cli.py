@@ -46,6 +46,7 @@ class TrainerConfig:
     throughput_ema: float = 0.5  # β: weight of the newest measured settlement in τ_a
     exclusion_decay: float = 0.5  # α: τ_a multiplier when an actor is excluded from a step
     optimizer: str = "adamw"  # "adamw" (fp32 moments) or "adamw-bf16" (lean: bf16 moments, step in backward)
+    checkpoint_every: int | None = None  # write a checkpoint every N steps; None: from its size and the disk
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(0 = off: no reference copy, the loss is the clipped surrogate alone)")
     p.add_argument("--snapshot-every", type=int, default=10, help="write a full snapshot every K versions")
     p.add_argument("--checkpoint-dir", required=True, help="local directory for the trainer's own checkpoint")
+    p.add_argument("--checkpoint-every", type=int, metavar="N",
+                   help="checkpoint (fp32 master + optimizer state, written in the background) every N steps and "
+                        "after the last one; default: ceil(checkpoint bytes / 1 GiB) in [1, 50], doubled where the "
+                        "disk holds one checkpoint but not two. A restart resumes from the newest one and "
+                        "publishes on top of the bucket's latest version")
     p.add_argument("--model", help="HF model directory (default: built-in small Qwen3 + warm start)")
     p.add_argument("--model-config", help="JSON file (or inline JSON) overriding fields of the built-in "
                    "Qwen3 config, e.g. '{\"hidden_size\": 512, \"num_hidden_layers\": 4}'")
@@ -121,6 +127,8 @@ def parse_args(argv: list[str] | None = None) -> TrainerConfig:
     for flag, value in (("--throughput-ema", a.throughput_ema), ("--exclusion-decay", a.exclusion_decay)):
         if not 0 < value <= 1:
             p.error(f"{flag} must be in (0, 1], got {value}")
+    if a.checkpoint_every is not None and a.checkpoint_every < 1:
+        p.error(f"--checkpoint-every must be at least 1, got {a.checkpoint_every}")
     if a.kl_coef < 0:
         p.error(f"--kl-coef must be non-negative, got {a.kl_coef}")
     return TrainerConfig(
@@ -133,4 +141,5 @@ def parse_args(argv: list[str] | None = None) -> TrainerConfig:
         signing_key=a.signing_key, metrics_port=a.metrics_port, logdir=a.logdir, wandb=a.wandb,
         step_timeout_s=a.step_timeout_s, split=a.split, compute_dtype=a.compute_dtype,
         verify_published_digest=a.verify_published_digest, throughput_ema=a.throughput_ema,
-        exclusion_decay=a.exclusion_decay, device=a.device, optimizer=a.optimizer)
+        exclusion_decay=a.exclusion_decay, device=a.device, optimizer=a.optimizer,
+        checkpoint_every=a.checkpoint_every)
