@@ -9,7 +9,7 @@ VLLM_STAMP := $(VENV)/.aurora-vllm-installed
 TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: venv vllm system-deps node-deps sky-venv demo demo-0.6b test test-long test-fast test-vllm lint bench chaos clean \
-  device-check
+  device-check device-wheels
 
 venv: $(STAMP)
 
@@ -104,7 +104,15 @@ chaos: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
 
-# GPU check (one JSON object; on a machine without CUDA a CPU smoke run). Installs nothing: see the
-# script's header for carrying missing wheels in .whl/.
+# GPU check: one JSON line per part (stdout and $$OUT/device-check.jsonl), stops itself by 7 minutes; without
+# CUDA it runs tiny configurations on the CPU. Installs nothing: see the script's header.
 device-check:
 	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) scripts/device-check
+
+# Exactly the wheels the device image lacks (scripts/device-wheels.txt), for its Python 3.12 / manylinux x86_64,
+# into the ignored .whl/ (carried to the GPU machine, which cannot reach a registry).
+DEVICE_PLATFORMS := manylinux2014_x86_64 manylinux_2_28_x86_64 manylinux_2_34_x86_64
+device-wheels:
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp $(addprefix --platform ,$(DEVICE_PLATFORMS)) -d .whl -r scripts/device-wheels.txt
+	@ls .whl

@@ -163,6 +163,16 @@ class InsufficientMemoryError(ConfigError, MemoryError):
     """The trainer's memory plan does not fit the device it would run on (refused before allocating)."""
 
 
+class DiskBudgetError(AuroraError, OSError):
+    """A directory's filesystem cannot hold what a process will write there (e.g. the trainer's checkpoints);
+    ``needed`` and ``free`` are in bytes."""
+
+    def __init__(self, message: str, *, needed: int, free: int) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.free = free
+
+
 # --- operations and local services ----------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ import torch
 
 from aurora_store.codec import ModelLayout
 from aurora_store.codec.digest import WeightsDigest
-from aurora_store.errors import AuroraError, ConfigError
+from aurora_store.errors import AuroraError, ConfigError, DigestMismatchError
 from aurora_store.store import DeltaStore
 from aurora_store.store.publisher import utc_now
 from aurora_store.store.snapshots import load_snapshot
@@ -23,7 +23,7 @@ from workers.publish.ranks import Ranks
 from workers.rl.grpo import GRPOConfig
 from workers.rl.model import DEFAULT_CONFIG, build_model, load_model, load_tokenizer, warm_start
 from workers.rl.task import AdditionTask, MathFileTask, build_tokenizer
-from workers.trainer import checkpoint
+from workers.trainer import checkpoint, rebuild
 from workers.trainer.cli import TrainerConfig, resolve_activation_checkpointing, resolve_optimizer
 from workers.trainer.device import autocast_dtype
 from workers.trainer.leader import Leader
@@ -93,8 +93,8 @@ class Bootstrap:
         policy = started.policy
         policy.published = policy.cast_rows()
         self.progress.digest = self.publishing.sum_digest(policy.published)
-        started.save_checkpoint(cfg.checkpoint_dir, checkpoint.CheckpointInfo(0, 0, [], cfg.seed,
-                                                                              world_size=self.ranks.world), self.ranks)
+        started.save_checkpoint(checkpoint.CheckpointInfo(0, 0, [], cfg.seed, world_size=self.ranks.world),
+                                wait=True)
         if self.ranks.leader:
             self.store.put_run_info({"run": cfg.run, "home_region": cfg.region, "source_bucket": self.store.url,
                                      "model_config": self.model.config, "layout": self.layout.fingerprint,
@@ -103,19 +103,21 @@ class Bootstrap:
         return started
 
     def _resume(self) -> Started:
-        """Continue the version sequence: each rank restores its shard of the master weights, optimizer state
-        and published rows from the checkpoint; the bucket says what was published, and the ranks' published
-        rows must hash (summed over ranks) to that version's digest."""
+        """Continue the version sequence from the newest complete checkpoint: each rank restores its shard of
+        the master weights and optimizer state, and rebuilds the rows of the bucket's latest version from a
+        snapshot and the deltas after it (:mod:`.rebuild`); summed over ranks they must hash to that version's
+        digest. The checkpoint may be older than the bucket (a crash came steps after it): training goes on
+        from the checkpoint's weights and the next version is published on top of the latest one."""
         cfg = self.config
         started = self._shard()
         policy = started.policy
-        info, saved = started.load_checkpoint(cfg.checkpoint_dir, self.ranks)
+        info = started.load_checkpoint(cfg.checkpoint_dir, self.ranks)
         found: dict[str, Any] | None = None
         if self.ranks.leader:
             latest = self.store.latest_version()
             if latest is None:
                 found = {"error": f"checkpoint at version {info.version} but {self.store.url} is empty"}
-            elif info.version not in (latest, latest + 1):
+            elif info.version > latest + 1:
                 found = {"error": f"checkpoint is at version {info.version} but the bucket's latest is {latest}"}
             else:
                 found = {"latest": latest, "digest": str(self.publishing.digest_of(latest)), "error": None}
@@ -123,15 +125,11 @@ class Bootstrap:
         if found["error"]:
             raise ConfigError(found["error"])
         latest, digest = int(found["latest"]), WeightsDigest.parse(found["digest"])
-        if info.version == latest + 1 and info.published_version != latest:
-            raise ConfigError(f"checkpoint holds published rows of version {info.published_version}, the bucket's "
-                              f"latest is {latest}")
-        # Crashed between checkpoint and publish: the saved rows are what was published; else the master's cast.
-        published = saved if info.version == latest + 1 else policy.cast_rows()
+        published = rebuild.published_rows(self.store, self.layout, latest, policy)
         actual = self.publishing.sum_digest(published)
-        if actual != digest:
-            what = "saved published rows" if info.version == latest + 1 else "checkpoint master weights' cast"
-            raise ConfigError(f"the {what} hash to {actual}, but version {latest} in the bucket has {digest}")
+        self.ranks.agree(None if actual == digest else
+                         f"version {latest} rebuilt from {self.store.url} hashes to {actual}, its manifest says "
+                         f"{digest}", DigestMismatchError)
         progress = self.progress
         policy.published, progress.digest, progress.version = published, digest, latest
         progress.step, progress.rewards = info.step, list(info.rewards)
@@ -139,9 +137,11 @@ class Bootstrap:
             self.leader.dispatcher.stats.restore(info.counters)
         if info.version == latest + 1:  # crashed between checkpoint and publish: publish it now
             self.publishing.publish(policy, info.version)
-        log.info("resumed", extra={"step": progress.step, "version": progress.version})
+        log.info("resumed", extra={"step": progress.step, "version": progress.version,
+                                   "checkpoint_version": info.version})
         if self.leader is not None:
-            self.leader.plane.log_event("trainer_resume", step=progress.step, version=progress.version)
+            self.leader.plane.log_event("trainer_resume", step=progress.step, version=progress.version,
+                                        checkpoint_version=info.version)
         return started
 
     def _shard(self) -> Started:
@@ -153,13 +153,15 @@ class Bootstrap:
         policy = ShardedPolicy.shard(model, self.layout, self.ranks, compute_dtype=self.config.compute_dtype,
                                      device=self.device)
         cfg, kind = self.config, self.device.type
-        learner = ShardedLearner(model, self.grpo, self.ranks, reference,
-                                 optimizer=resolve_optimizer(cfg.optimizer, kind, self.ranks.world),
+        optimizer = resolve_optimizer(cfg.optimizer, kind, self.ranks.world)
+        learner = ShardedLearner(model, self.grpo, self.ranks, reference, optimizer=optimizer,
                                  autocast=autocast_dtype(self.device, cfg.compute_dtype, self.ranks.world),
                                  activation_checkpointing=resolve_activation_checkpointing(
                                      cfg.activation_checkpointing, kind),
                                  logits_chunk=cfg.logits_chunk)
-        return Started(policy, learner)
+        checkpoints = checkpoint.Checkpoints.plan(cfg.checkpoint_dir, self.ranks, policy, optimizer,
+                                                  cfg.checkpoint_every)
+        return Started(policy, learner, checkpoints)
 
     def _reference(self) -> torch.nn.Module:
         """The KL term's frozen reference: the initial policy, in bf16 (sharded like the policy). On a fresh

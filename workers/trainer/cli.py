@@ -50,6 +50,7 @@ class TrainerConfig:
     logits_chunk: int = 2048  # completion rows per chunk of the GRPO loss's logsumexp (0: all at once)
     plan_seq_len: int = 2048  # longest prompt + completion the memory check plans for (capped by the model's)
     gpu_memory_gib: float | None = None  # the memory check's budget (default: what CUDA reports)
+    checkpoint_every: int | None = None  # write a checkpoint every N steps; None: from its size and the disk
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(0 = off: no reference copy, the loss is the clipped surrogate alone)")
     p.add_argument("--snapshot-every", type=int, default=10, help="write a full snapshot every K versions")
     p.add_argument("--checkpoint-dir", help="local directory for the trainer's own checkpoint")
+    p.add_argument("--checkpoint-every", type=int, metavar="N",
+                   help="checkpoint (fp32 master + optimizer state, written in the background) every N steps and "
+                        "after the last one; default: ceil(checkpoint bytes / 1 GiB) in [1, 50], doubled where the "
+                        "disk holds one checkpoint but not two. A restart resumes from the newest one and "
+                        "publishes on top of the bucket's latest version")
     p.add_argument("--model", help="HF model directory (default: built-in small Qwen3 + warm start)")
     p.add_argument("--model-config", help="JSON file (or inline JSON) overriding fields of the built-in "
                    "Qwen3 config, e.g. '{\"hidden_size\": 512, \"num_hidden_layers\": 4}'")
@@ -162,6 +168,8 @@ def parse_args(argv: list[str] | None = None) -> TrainerConfig:
     for flag, value in (("--throughput-ema", a.throughput_ema), ("--exclusion-decay", a.exclusion_decay)):
         if not 0 < value <= 1:
             p.error(f"{flag} must be in (0, 1], got {value}")
+    if a.checkpoint_every is not None and a.checkpoint_every < 1:
+        p.error(f"--checkpoint-every must be at least 1, got {a.checkpoint_every}")
     if a.kl_coef < 0:
         p.error(f"--kl-coef must be non-negative, got {a.kl_coef}")
     if a.logits_chunk < 0:
@@ -182,4 +190,4 @@ def parse_args(argv: list[str] | None = None) -> TrainerConfig:
         verify_published_digest=a.verify_published_digest, throughput_ema=a.throughput_ema,
         exclusion_decay=a.exclusion_decay, device=a.device, optimizer=a.optimizer,
         activation_checkpointing=a.activation_checkpointing, logits_chunk=a.logits_chunk, plan_seq_len=a.plan_seq_len,
-        gpu_memory_gib=a.gpu_memory_gib)
+        gpu_memory_gib=a.gpu_memory_gib, checkpoint_every=a.checkpoint_every)

@@ -65,13 +65,21 @@ class StepLoop:
             train_s = time.monotonic() - t1
             progress.step = step
             progress.rewards.append(stats.mean_reward)
-            counters = leader.dispatcher.stats.as_counters() if leader is not None else {}
-            self.started.save_checkpoint(cfg.checkpoint_dir, checkpoint.CheckpointInfo(
-                step, progress.version + 1, progress.rewards, cfg.seed, counters, self.ranks.world, progress.version),
-                self.ranks)
+            if self.started.checkpoints.due(step):  # in the background; before publishing, as the resume expects
+                self.started.save_checkpoint(self._info(progress.version + 1))
             outcome = self.publishing.publish(self.started.policy, progress.version + 1)
             if leader is not None and current is not None:  # rank 0 collected this step's batch
                 leader.report.record(step, progress.version, current, stats, wait_s, train_s, outcome)
+        if self.started.checkpoints.last_step != progress.step:  # the last step trained (run ends, or stopped)
+            self.started.save_checkpoint(self._info(progress.version))
+        self.started.checkpoints.wait()
+
+    def _info(self, version: int) -> checkpoint.CheckpointInfo:
+        """The checkpoint of the step just trained, whose weights are (or are about to be published as) ``version``."""
+        progress, leader = self.progress, self.leader
+        counters = leader.dispatcher.stats.as_counters() if leader is not None else {}
+        return checkpoint.CheckpointInfo(progress.step, version, list(progress.rewards), self.config.seed, counters,
+                                         self.ranks.world)
 
     def _dispatch(self, leader: Leader, step: int, version: int) -> StepLedger | None:
         """Dispatch ``step`` on ``version``; ``None`` if the trainer was told to stop while waiting for actors."""

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aurora_store.codec.digest import ZERO, WeightsDigest
-from aurora_store.codec.sharding import LocalRows
 from workers.publish.ranks import Ranks
 from workers.trainer import checkpoint
 from workers.trainer.learner import ShardedLearner
@@ -29,15 +28,18 @@ class Progress:
 
 @dataclass(frozen=True)
 class Started:
-    """This rank's sharded policy and the learner (optimizer, reference) that trains it."""
+    """This rank's sharded policy, the learner (optimizer, reference) that trains it and its checkpoints."""
 
     policy: ShardedPolicy
     learner: ShardedLearner
+    checkpoints: checkpoint.Checkpoints
 
-    def save_checkpoint(self, directory: str | Path, info: checkpoint.CheckpointInfo, ranks: Ranks) -> None:
-        checkpoint.save(directory, self.policy, self.learner.optimizer, info, ranks)
+    def save_checkpoint(self, info: checkpoint.CheckpointInfo, *, wait: bool = False) -> None:
+        """Write this rank's shard at ``info.step`` in the background (``wait``: until it is durable)."""
+        self.checkpoints.submit(self.policy, self.learner.optimizer, info)
+        if wait:
+            self.checkpoints.wait()
 
-    def load_checkpoint(self, directory: str | Path, ranks: Ranks,
-                        ) -> tuple[checkpoint.CheckpointInfo, dict[str, LocalRows]]:
-        """Restore this rank's shard; returns the checkpoint's info and the rows it had published."""
+    def load_checkpoint(self, directory: str | Path, ranks: Ranks) -> checkpoint.CheckpointInfo:
+        """Restore this rank's shard from the newest complete checkpoint; returns its info."""
         return checkpoint.load(directory, self.policy, self.learner.optimizer, ranks)

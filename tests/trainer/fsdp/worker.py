@@ -117,6 +117,7 @@ class Run:
         write_sharded_snapshot(ranks, self.store, 0, self.layout, policy.published, digest,
                                extra_files=side_files(MODEL_CONFIG, tokenizer) if ranks.leader else None)
         result: dict = {"stats": [], "publish_audit": [], "publish_metadata_bytes": [], "versions": {}}
+        checkpoints = checkpoint.Checkpoints(spec["checkpoint_dir"], ranks)
         for step in range(1, spec["steps"] + 1):
             samples = [Sample(*s) for s in ranks.broadcast(
                 [[list(s.prompt_ids), list(s.completion_ids), list(s.old_logprobs), s.reward, s.group]
@@ -127,13 +128,14 @@ class Run:
             audit.calls.clear()
             audit.bytes.clear()
             result["stats"].append({"loss": stats.loss, "grad_norm": stats.grad_norm, "tokens": stats.tokens})
-            checkpoint.save(spec["checkpoint_dir"], policy, learner.optimizer,
-                            checkpoint.CheckpointInfo(step, step, [], 0, world_size=ranks.world,
-                                                      published_version=step - 1), ranks)
+            checkpoints.save(policy, learner.optimizer,
+                             checkpoint.CheckpointInfo(step, step, [], 0, world_size=ranks.world))
+            ranks.barrier()  # every rank's shard is durable (rank 0's save waits for them all)
             if step == spec.get("resume_from"):
                 if ranks.leader:
-                    shutil.copytree(Path(spec["checkpoint_dir"]) / checkpoint.LATEST, self.out / "resume-ckpt" /
-                                    checkpoint.LATEST)
+                    where = checkpoint.step_dir(spec["checkpoint_dir"], step)
+                    shutil.copytree(where, self.out / "resume-ckpt" / where.name)
+                    result["checkpoint_files"] = sorted(str(p.relative_to(where)) for p in where.rglob("*"))
                 ranks.barrier()
             new = policy.cast_rows()
             self.publishing = step
@@ -164,8 +166,8 @@ class Run:
         """A fresh model and optimizer restored from the checkpoint of step ``at`` must train on to exactly the
         versions the run published."""
         policy, learner = self.build()
-        info, saved = checkpoint.load(self.out / "resume-ckpt", policy, learner.optimizer, self.ranks)
-        out = {"info_step": info.step, "saved_digest": str(self.summed_digest(saved)), "digests": {}}
+        info = checkpoint.load(self.out / "resume-ckpt", policy, learner.optimizer, self.ranks)
+        out = {"info_step": info.step, "digests": {}}
         for step in range(at + 1, self.spec["steps"] + 1):
             learner.step(batch(step))
             out["digests"][step] = str(self.summed_digest(policy.cast_rows()))
