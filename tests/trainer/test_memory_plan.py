@@ -79,16 +79,22 @@ def test_sharding_divides_the_states_and_bad_input_is_refused():
         memory.Batch(0, 10)
 
 
-@pytest.mark.parametrize("which", ["new", "bf16", "old"])
-def test_plan_matches_measured_peak_on_cpu(which):
-    """The plan's peak for one CPU rank vs the resident-memory peak a real GRPO step reaches (two epochs, a
-    published bf16 copy alive), measured in a child process (method: tests/trainer/memory_probe.py)."""
-    args = {"config": SMALL, "settings": which, "sequences": 8, "prompt": 32, "completion": 96}
+@pytest.fixture(scope="module")
+def measured_peaks() -> dict[str, int]:
+    """Resident-memory peaks of a real GRPO step (two epochs, a published bf16 copy alive) for each setting,
+    measured in one child process (method: tests/trainer/memory_probe.py)."""
+    args = {"config": SMALL, "settings": ["new", "bf16", "old"], "sequences": 8, "prompt": 32, "completion": 96}
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_ARENA_MAX": "1", "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-m", "tests.trainer.memory_probe", json.dumps(args)], env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    measured = json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"]
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"]
+
+
+@pytest.mark.parametrize("which", ["new", "bf16", "old"])
+def test_plan_matches_measured_peak_on_cpu(which, measured_peaks):
+    """The plan's peak for one CPU rank vs the peak the real step reached."""
+    measured = measured_peaks[which]
     from workers.rl.model import DEFAULT_CONFIG
 
     shape = memory.ModelShape.from_config({**DEFAULT_CONFIG, **SMALL})
