@@ -7,10 +7,10 @@ model is built.
 How it measures, and why it is robust: the parent starts this process with ``MALLOC_MMAP_THRESHOLD_=65536``
 and ``MALLOC_ARENA_MAX=1``, so every tensor buffer above 64 KiB is its own ``mmap`` that glibc returns to the
 kernel when the tensor is freed — resident memory then follows live tensor bytes (to a page) instead of
-keeping freed heap around. Everything is imported and a throwaway step is run first (lazy imports, kernels'
-one-time buffers), then the kernel's peak-RSS counter is reset (``/proc/self/clear_refs`` ← ``5``) and the
-baseline read; the peak is ``VmHWM − baseline`` after model build, published copy and two epochs of the step.
-One thread, so no per-thread allocator caches.
+keeping freed heap around. Before each measurement a throwaway step of the same settings runs (lazy imports,
+kernels' one-time buffers), then the kernel's peak-RSS counter is reset (``/proc/self/clear_refs`` ← ``5``)
+and the baseline read; the peak is ``VmHWM − baseline`` after model build, published copy and two epochs of
+the step. One thread, so no per-thread allocator caches.
 """
 
 from __future__ import annotations
@@ -61,16 +61,19 @@ def _step(config: dict, settings: str, sequences: int, prompt: int, completion: 
 def main() -> None:
     args = json.loads(sys.argv[1])
     torch.set_num_threads(1)
-    settings = args["settings"]
     tiny = {**args["config"], "num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128,
             "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 256}
-    _step(tiny, settings, 4, 8, 8)  # imports, one-time buffers
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current RSS
-    base = _status("VmRSS")
-    _step(args["config"], settings, args["sequences"], args["prompt"], args["completion"])
-    print(json.dumps({"peak_bytes": _status("VmHWM") - base, "baseline_bytes": base}))
+    peaks = {}
+    for settings in args["settings"]:  # one after another: every buffer of the last one has been unmapped
+        _step(tiny, settings, 4, 8, 8)  # imports, one-time buffers of this path
+        gc.collect()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current RSS
+        base = _status("VmRSS")
+        _step(args["config"], settings, args["sequences"], args["prompt"], args["completion"])
+        peaks[settings] = _status("VmHWM") - base
+        gc.collect()
+    print(json.dumps({"peak_bytes": peaks}))
 
 
 if __name__ == "__main__":

@@ -22,24 +22,24 @@ SMALL = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "
          "max_position_embeddings": 256}
 
 
-def _plan_cli(*extra: str) -> tuple[int, dict]:
-    out = subprocess.run([sys.executable, "-m", "workers.trainer", "--plan-memory", "--model-config", str(QWEN3_8B),
-                          "--gpu-memory-gib", "139", "--plan-sequences", "16", "--plan-seq-len", "2048", "--json",
-                          *extra], capture_output=True, text=True, timeout=120)
-    return out.returncode, json.loads(out.stdout)
+def _plan_cli(*extra: str, capsys) -> tuple[int, dict]:
+    """``python -m workers.trainer --plan-memory … --json`` in this process (its entry point, minus the start-up)."""
+    rc = memory.run_cli(["--plan-memory", "--model-config", str(QWEN3_8B), "--gpu-memory-gib", "139",
+                         "--plan-sequences", "16", "--plan-seq-len", "2048", "--json", *extra])
+    return rc, json.loads(capsys.readouterr().out)
 
 
-def test_qwen3_8b_fits_one_h200_with_the_new_defaults_and_not_with_the_old():
+def test_qwen3_8b_fits_one_h200_with_the_new_defaults_and_not_with_the_old(capsys):
     shape = memory.ModelShape.from_file(QWEN3_8B)
     assert 8.1e9 < shape.params < 8.3e9  # Qwen3-8B: 8.19 B parameters, untied head
-    rc, new = _plan_cli()
+    rc, new = _plan_cli(capsys=capsys)
     assert rc == 0 and new["fits"] is True
     assert new["per_gpu_bytes"] <= 139 * memory.GIB == new["budget_bytes"]
     assert new["settings"]["optimizer"] == "adamw-bf16" and new["settings"]["logits_chunk"] > 0
     cats = new["categories"]
     assert cats["master"] == 4 * shape.params and cats["optimizer"] == 4 * shape.params  # fp32 master, bf16 moments
     assert cats["published"] == 2 * shape.params  # one bf16 copy
-    rc, old = _plan_cli("--plan-settings", "old")
+    rc, old = _plan_cli("--plan-settings", "old", capsys=capsys)
     assert rc == 3 and old["fits"] is False
     assert old["per_gpu_bytes"] > 139 * memory.GIB
     assert "does not fit" in old["why"] and any("fp32 moments" in n for n in old["notes"])
@@ -49,7 +49,8 @@ def test_qwen3_8b_fits_one_h200_with_the_new_defaults_and_not_with_the_old():
     assert old["phases"]["backward_head"]["logits"] > 50 * memory.GIB > new["phases"]["backward_head"]["logits"]
 
 
-def test_text_output_names_fits_and_every_category():
+def test_the_command_prints_fits_and_every_category():
+    """The real entry point, once: ``python -m workers.trainer --plan-memory`` (text), and ``--help`` shows it."""
     out = subprocess.run([sys.executable, "-m", "workers.trainer", "--plan-memory", "--model-config", str(QWEN3_8B),
                           "--gpu-memory-gib", "139", "--world-size", "8"], capture_output=True, text=True,
                          timeout=120)
@@ -57,8 +58,9 @@ def test_text_output_names_fits_and_every_category():
     assert "fits: True" in out.stdout and "per_gpu_bytes:" in out.stdout
     for category in ("master", "optimizer", "published", "activations", "logits", "gradients"):
         assert category in out.stdout
-    help_text = subprocess.run([sys.executable, "-m", "workers.trainer", "--help"], capture_output=True,
-                               text=True, timeout=120).stdout
+    from workers.trainer.cli import build_parser
+
+    help_text = build_parser().format_help()
     assert "--plan-memory" in help_text and "--gpu-memory-gib" in help_text and "--world-size" in help_text
 
 
@@ -77,16 +79,22 @@ def test_sharding_divides_the_states_and_bad_input_is_refused():
         memory.Batch(0, 10)
 
 
-@pytest.mark.parametrize("which", ["new", "bf16", "old"])
-def test_plan_matches_measured_peak_on_cpu(which):
-    """The plan's peak for one CPU rank vs the resident-memory peak a real GRPO step reaches (two epochs, a
-    published bf16 copy alive), measured in a child process (method: tests/trainer/memory_probe.py)."""
-    args = {"config": SMALL, "settings": which, "sequences": 8, "prompt": 32, "completion": 96}
+@pytest.fixture(scope="module")
+def measured_peaks() -> dict[str, int]:
+    """Resident-memory peaks of a real GRPO step (two epochs, a published bf16 copy alive) for each setting,
+    measured in one child process (method: tests/trainer/memory_probe.py)."""
+    args = {"config": SMALL, "settings": ["new", "bf16", "old"], "sequences": 8, "prompt": 32, "completion": 96}
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_ARENA_MAX": "1", "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-m", "tests.trainer.memory_probe", json.dumps(args)], env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    measured = json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"]
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"]
+
+
+@pytest.mark.parametrize("which", ["new", "bf16", "old"])
+def test_plan_matches_measured_peak_on_cpu(which, measured_peaks):
+    """The plan's peak for one CPU rank vs the peak the real step reached."""
+    measured = measured_peaks[which]
     from workers.rl.model import DEFAULT_CONFIG
 
     shape = memory.ModelShape.from_config({**DEFAULT_CONFIG, **SMALL})
