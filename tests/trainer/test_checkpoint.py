@@ -60,8 +60,9 @@ def test_writes_what_was_staged_while_training_goes_on_and_keeps_one_checkpoint(
     assert not any("published" in f or ".tmp" in f for f in files)
 
     fresh = started(seed=1)  # other weights, no optimizer state
-    loaded = checkpoint.load(tmp_path, fresh.policy, fresh.learner.optimizer, Ranks())
+    loaded = fresh.load_checkpoint(tmp_path, Ranks())
     assert loaded == info(2)
+    assert fresh.checkpoints.last_step == 2  # a resume with nothing left to train does not rewrite it in place
     for name, local in fresh.policy.master_rows().items():
         assert torch.equal(local, at_step_1[name] + 1.0), name
     saved, restored = s.learner.optimizer.state_dict(), fresh.learner.optimizer.state_dict()

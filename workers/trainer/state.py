@@ -42,4 +42,6 @@ class Started:
 
     def load_checkpoint(self, directory: str | Path, ranks: Ranks) -> checkpoint.CheckpointInfo:
         """Restore this rank's shard from the newest complete checkpoint; returns its info."""
-        return checkpoint.load(directory, self.policy, self.learner.optimizer, ranks)
+        info = checkpoint.load(directory, self.policy, self.learner.optimizer, ranks)
+        self.checkpoints.last_step = info.step  # already on disk: never rewritten in place (e.g. nothing to train)
+        return info
