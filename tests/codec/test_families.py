@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from aurora_store.codec import ModelLayout
+from aurora_store.codec import ModelLayout, TensorTarget
 from aurora_store.codec.families import FAMILIES, MODEL_TYPE_ALIASES
 from aurora_store.errors import LayoutError
 from tests.vllm.tiny_families import FAMILIES as TINY
@@ -69,3 +69,41 @@ def test_name_sets_and_families_are_validated():
     with pytest.raises(LayoutError, match="num_experts"):
         ModelLayout.from_config({**config_of("qwen3_moe"), "num_experts": None})
 
+
+
+def test_an_adam_step_of_a_moe_model_applies_in_place_to_a_torch_actor_bit_for_bit():
+    """A Qwen3-MoE trainer step (AdamW, router aux loss as transformers computes it) shipped as a delta in the
+    in-memory layout (3-D expert tensors) and activated in place in another transformers model's parameters."""
+    from aurora_store.codec import activate, digest_state, stage
+    from aurora_store.testing.builders import blobs, encode
+
+    config = {**config_of("qwen3_moe"), "output_router_logits": True, "router_aux_loss_coef": 0.01}
+    layout = ModelLayout.from_config(config)
+    trainer = build_model(config, seed=1)  # fp32 master weights
+    actor = build_model(config, seed=1, dtype=torch.bfloat16)
+
+    def published() -> dict[str, torch.Tensor]:
+        params = dict(trainer.named_parameters())
+        return {n: params[n].detach().to(torch.bfloat16).contiguous() for n in layout.train_names}
+
+    old = published()
+    actor_params = dict(actor.named_parameters())
+    with torch.no_grad():
+        for name, tensor in old.items():
+            actor_params[name].copy_(tensor)
+    optimizer = torch.optim.AdamW(trainer.parameters(), lr=1e-3)
+    ids = torch.randint(3, 32, (4, 12), generator=torch.Generator().manual_seed(0))
+    out = trainer(input_ids=ids, labels=ids)
+    assert out.aux_loss is not None and float(out.aux_loss) > 0  # the router's load-balancing loss is in the loss
+    out.loss.backward()
+    optimizer.step()
+    new = published()
+    target = TensorTarget.from_state(layout, actor_params, version=0)
+    assert target.digest == digest_state(layout, old)
+    manifest, segments = encode(layout, old, new, 1, 0, target.digest)
+    changed_experts = manifest.changed.get("model.layers.1.mlp.experts.routed_experts.w13_weight", 0)
+    assert changed_experts > 0
+    activate(stage(manifest, blobs(segments), target), target)
+    assert str(target.digest) == manifest.weights_digest == str(digest_state(layout, new))
+    for name in layout.train_names:
+        assert torch.equal(actor_params[name].view(torch.int16), new[name].view(torch.int16)), name

@@ -65,7 +65,9 @@ def probe(out: Path, family: str) -> dict[str, list[str]]:
     register()
     _record_before_repack()
     directory = save_tiny(family, out / family)
+    # Only loading matters here: one sequence of 64 tokens keeps vLLM's profiling and warm-up passes tiny.
     llm = LLM(model=str(directory), dtype="bfloat16", enforce_eager=True, max_model_len=64, seed=0,
+              max_num_seqs=1, max_num_batched_tokens=64, skip_tokenizer_init=True,
               worker_extension_cls=EXTENSION_PATH)
     try:
         params, repacked = llm.apply_model(_engine_params)[0]
