@@ -8,7 +8,7 @@ VLLM_STAMP := $(VENV)/.aurora-vllm-installed
 # torch comes from the local CPU wheel on our machines (pip finds it); any matching release works elsewhere.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv vllm system-deps node-deps sky-venv demo demo-0.6b test test-long test-fast test-vllm lint bench chaos clean \
+.PHONY: venv vllm system-deps node-deps sky-venv demo demo-0.6b test test-parallel test-long test-fast test-vllm lint bench chaos clean \
   device-check device-wheels
 
 venv: $(STAMP)
@@ -63,13 +63,17 @@ $(SKY_STAMP): | $(STAMP)
 	$(VENV)/sky/bin/python -m pip install -q "skypilot==$(SKYPILOT_VERSION)"
 	@touch $@
 
-# Two passes: most of the suite waits on real processes, so it runs on TEST_WORKERS pytest-xdist workers (a file per
-# worker, the longest first: tests/parallel.py); then the tests that judge time or throughput (marked `serial`)
-# run alone on the machine. Each pass writes a JUnit report under runs/test-reports/ (scripts/test-durations turns
-# them into tests/durations.json, the order of the next parallel pass).
+# The whole suite but the `long` tier, one test at a time (CI's command). `make test-parallel` is the same suite in
+# two passes: TEST_WORKERS pytest-xdist workers (a file per worker, the longest first: tests/parallel.py), then the
+# tests that judge time or throughput (marked `serial`) alone on the machine. Each writes JUnit reports under
+# runs/test-reports/ (scripts/test-durations turns them into tests/durations.json, the parallel pass's order).
 TEST_WORKERS ?= 3
 REPORTS := runs/test-reports
 test: $(STAMP) $(VLLM_STAMP) system-deps node-deps sky-venv lint
+	@mkdir -p $(REPORTS)
+	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -p no:xdist -m "not long" --durations=30 --junitxml=$(REPORTS)/all.xml
+
+test-parallel: $(STAMP) $(VLLM_STAMP) system-deps node-deps sky-venv lint
 	@mkdir -p $(REPORTS)
 	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not serial and not long" --durations=30 \
 	  --junitxml=$(REPORTS)/parallel.xml
