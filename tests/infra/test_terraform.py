@@ -254,8 +254,9 @@ def deploy_shell_commands() -> list[list[str]]:
     commands = []
     for block in deploy_blocks("sh"):
         for line in block.replace("\\\n", " ").splitlines():
-            if line.strip():
-                commands.append(shlex.split(line, comments=True))
+            argv = shlex.split(line, comments=True)
+            if argv:  # a line that is only a comment is no command
+                commands.append(argv)
     return commands
 
 
@@ -1106,7 +1107,9 @@ def test_deploy_commands_are_the_ones_checked(tmp_path, monkeypatch):
         parser.parse_args([a.replace("$(", "").replace(")", "") for a in argv[1:]])
     # keygen as written: the private key file is what goes into the secret, the public one into the tfvars.
     monkeypatch.chdir(tmp_path)
-    (keygen,) = [argv for argv in aurora if argv[1] == "keygen"]
+    keygens = [argv for argv in aurora if argv[1] == "keygen"]
+    assert keygens and all(k == keygens[0] for k in keygens), keygens  # every walkthrough makes the same keys
+    keygen = keygens[0]
     from aurora_store.cli import main
 
     assert main(keygen[1:]) == 0
