@@ -10,7 +10,14 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from aurora_store.errors import ConfigError
-from aurora_store.testing.servers import AzuriteServer, GCSServer, RedisServer, S3Server, azurite_binary
+from aurora_store.testing.servers import (
+    AzuriteServer,
+    GCSServer,
+    RedisServer,
+    S3Server,
+    azurite_binary,
+    environment,
+)
 from tests import parallel
 
 settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -43,15 +50,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 def s3_server():
     """A real S3-compatible server (SeaweedFS) for the whole session; clients get its credentials."""
     server = S3Server().start()
-    saved = {k: os.environ.get(k) for k in server.env()}
-    os.environ.update(server.env())
-    yield server
+    with environment(server.env()):
+        yield server
     server.stop()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
 
 
 @pytest.fixture()
@@ -88,15 +89,9 @@ def azure_server():
     except ConfigError as exc:
         pytest.skip(str(exc))
     server = AzuriteServer().start()
-    saved = {k: os.environ.get(k) for k in server.env()}
-    os.environ.update(server.env())
-    yield server
+    with environment(server.env()):
+        yield server
     server.stop()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
 
 
 @pytest.fixture()

@@ -15,6 +15,7 @@ from aurora_store.store.azure import AzureBucket
 from aurora_store.testing.conformance import BucketConformance
 from aurora_store.testing.servers import AZURITE_ACCOUNT, environment
 from tests.ops.helpers import build_bucket
+from tests.store.follow_run import run_and_check_every_version
 
 pytestmark = pytest.mark.azure
 
@@ -102,27 +103,7 @@ def test_the_history_is_read_by_pandas_through_the_same_fsspec_url(azure_bucket_
 @pytest.mark.slow
 @pytest.mark.redis
 def test_a_real_actor_follows_a_run_published_to_azure(azure_bucket_url, tmp_path):
-    from workers.cluster import ClusterSpec, LocalCluster
-
-    url = f"{azure_bucket_url}/run"
-    spec = ClusterSpec(run_dir=tmp_path / "run", steps=2, batch_size=8, group_size=4, actors={"us-east": 1},
-                       bucket_urls={"us-east": url}, run="azure", snapshot_every=100,
-                       trainer_args=["--warm-start-steps", "10", "--initial-lease-s", "60"],
-                       actor_args=["--verify-full-digest"])
-    with LocalCluster(spec) as cluster:  # the children inherit AZURE_STORAGE_CONNECTION_STRING
-        summary = cluster.wait_trainer_done(timeout=240)
-        final = summary["trainer_version"]
-        state = cluster.wait_for(lambda: next((s for s, _ in cluster.plane.actors().values()
-                                               if s.active_version == final), None), 60, f"the actor on v{final}")
-        log = cluster.plane.run_log()
-        store = cluster.store()
-        assert isinstance(store.bucket, AzureBucket)
-        assert final == 2 and state.active_digest == summary["trainer_digest"]
-        (boot,) = [int(e["version"]) for e in log if e["kind"] == "actor_bootstrap"]
-        activated = {int(e["version"]): e["digest"] for e in log if e["kind"] == "activate"}
-        assert sorted(activated) == list(range(boot + 1, final + 1))
-        assert activated == {v: store.manifest(v).weights_digest for v in activated}
-        assert len(set(activated.values())) == len(activated)
-        cluster.group.stop_all()
-        assert cluster.group[f"actor-{cluster.actor_ids[0]}"].process.returncode == 0
+    url = f"{azure_bucket_url}/run"  # the processes inherit AZURE_STORAGE_CONNECTION_STRING
+    run_and_check_every_version(tmp_path / "run", url, run="azure", steps=2, warm_start_steps=10,
+                                bucket_type=AzureBucket)
     assert open_bucket(url).list("deltas/")

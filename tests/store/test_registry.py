@@ -18,6 +18,7 @@ from aurora_store.store.local import LocalBucket
 from aurora_store.store.registry import BUILTIN_SCHEMES, BucketRegistry
 from aurora_store.testing.conformance import BucketConformance
 from tests.store.custom_bucket import FACTORY, SCHEME, FlatDirBucket, install_entry_point, pythonpath
+from tests.store.follow_run import run_and_check_every_version
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -178,28 +179,8 @@ def test_another_process_finds_the_scheme_through_its_entry_point(tmp_path):
 @pytest.mark.slow
 @pytest.mark.redis
 def test_a_real_actor_follows_a_run_through_the_test_bucket(tmp_path):
-    from workers.cluster import ClusterSpec, LocalCluster
-
     bucket_url = open_bucket(f"{SCHEME}://{tmp_path / 'bucket'}", create=True).url  # before the actor looks
-    spec = ClusterSpec(run_dir=tmp_path / "run", steps=3, batch_size=8, group_size=4, actors={"us-east": 1},
-                       bucket_urls={"us-east": bucket_url}, run="testfs", snapshot_every=100,
-                       trainer_args=["--warm-start-steps", "30", "--initial-lease-s", "60"],
-                       actor_args=["--verify-full-digest"],
-                       env={"PYTHONPATH": pythonpath(install_entry_point(tmp_path / "site"))})
-    with LocalCluster(spec) as cluster:
-        summary = cluster.wait_trainer_done(timeout=240)
-        final = summary["trainer_version"]
-        state = cluster.wait_for(lambda: next((s for s, _ in cluster.plane.actors().values()
-                                               if s.active_version == final), None), 60, f"the actor on v{final}")
-        log = cluster.plane.run_log()
-        store = cluster.store()
-        assert isinstance(store.bucket, FlatDirBucket)
-        assert final == 3 and state.active_digest == summary["trainer_digest"]
-        (boot,) = [int(e["version"]) for e in log if e["kind"] == "actor_bootstrap"]
-        activated = {int(e["version"]): e["digest"] for e in log if e["kind"] == "activate"}
-        assert sorted(activated) == list(range(boot + 1, final + 1))
-        assert activated == {v: store.manifest(v).weights_digest for v in activated}
-        assert len(set(activated.values())) == len(activated)  # every version changed the weights
-        cluster.group.stop_all()
-        assert cluster.group[f"actor-{cluster.actor_ids[0]}"].process.returncode == 0
+    run_and_check_every_version(tmp_path / "run", bucket_url, run="testfs", steps=3, warm_start_steps=30,
+                                bucket_type=FlatDirBucket,
+                                env={"PYTHONPATH": pythonpath(install_entry_point(tmp_path / "site"))})
     assert any((tmp_path / "bucket" / "objects").glob("deltas%2F*"))

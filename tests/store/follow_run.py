@@ -1,0 +1,35 @@
+"""A short real run (trainer + one actor) over a bucket backend, checked version by version: shared by the
+backend tests that prove a scheme carries a whole run (the registry's test-only scheme, Azure)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from workers.cluster import ClusterSpec, LocalCluster
+
+
+def run_and_check_every_version(run_dir: Path, bucket_url: str, *, run: str, steps: int, warm_start_steps: int,
+                                bucket_type: type, env: dict[str, str] | None = None) -> None:
+    """A trainer publishes ``steps`` versions to ``bucket_url`` and one actor follows: the actor ends on the
+    trainer's digest, activated every version after its bootstrap in order, each on its manifest's digest, and
+    every version changed the weights, and it leaves cleanly."""
+    spec = ClusterSpec(run_dir=run_dir, steps=steps, batch_size=8, group_size=4, actors={"us-east": 1},
+                       bucket_urls={"us-east": bucket_url}, run=run, snapshot_every=100,
+                       trainer_args=["--warm-start-steps", str(warm_start_steps), "--initial-lease-s", "60"],
+                       actor_args=["--verify-full-digest"], env=env or {})
+    with LocalCluster(spec) as cluster:  # the children inherit the parent's environment (credentials)
+        summary = cluster.wait_trainer_done(timeout=240)
+        final = summary["trainer_version"]
+        state = cluster.wait_for(lambda: next((s for s, _ in cluster.plane.actors().values()
+                                               if s.active_version == final), None), 60, f"the actor on v{final}")
+        log = cluster.plane.run_log()
+        store = cluster.store()
+        assert isinstance(store.bucket, bucket_type), type(store.bucket)
+        assert final == steps and state.active_digest == summary["trainer_digest"]
+        (boot,) = [int(e["version"]) for e in log if e["kind"] == "actor_bootstrap"]
+        activated = {int(e["version"]): e["digest"] for e in log if e["kind"] == "activate"}
+        assert sorted(activated) == list(range(boot + 1, final + 1))
+        assert activated == {v: store.manifest(v).weights_digest for v in activated}
+        assert len(set(activated.values())) == len(activated)  # every version changed the weights
+        cluster.group.stop_all()
+        assert cluster.group[f"actor-{cluster.actor_ids[0]}"].process.returncode == 0  # it left gracefully
