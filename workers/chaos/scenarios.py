@@ -408,10 +408,11 @@ def flaky_storage(run_dir: Path, quick: bool) -> ScenarioResult:
             # The relay does not serve its hot cache here: its (good) copy would spare the actor the corrupt
             # regional one, and this scenario is about the bucket path. A corrupt cache read is rejected the
             # same way (tests/follow/test_prefetch.py).
+            # A short warm start: rewards, hence gradients and non-empty deltas, from the first steps on.
             spec = fast_spec(run_dir, steps=steps, actors={"us-east": 1, "eu-west": 1},
                              env={**s3.env()}, bucket_urls={"us-east": home_url,
                                                             "eu-west": str(run_dir / "buckets" / "eu-west")},
-                             relay_args=["--no-serve-cache"])
+                             relay_args=["--no-serve-cache"], trainer_args=["--warm-start-steps", "10"])
             with LocalCluster(spec) as cluster:
                 wait_version(cluster, 3)
                 wait_actor_ready(cluster, "eu-west-1")
@@ -421,8 +422,14 @@ def flaky_storage(run_dir: Path, quick: bool) -> ScenarioResult:
                 # actor cannot have fetched it, so it must meet the corruption when it thaws.
                 target_version = max(cluster.trainer_version(), cluster.store().latest_version() or 0) + 1
                 regional = DeltaStore(open_bucket(cluster.buckets["eu-west"]))
-                cluster.wait_for(lambda: target_version in regional.versions(), 90, "relay forwarding")
-                manifest = regional.manifest(target_version)
+                # A step whose groups all earned the same reward (likely before any warm start) has no gradient
+                # and publishes an empty delta: the victim is the first later version that has a segment.
+                while True:
+                    cluster.wait_for(lambda v=target_version: v in regional.versions(), 90, "relay forwarding")
+                    manifest = regional.manifest(target_version)
+                    if manifest.segments or target_version >= steps:
+                        break
+                    target_version += 1
                 victim = manifest.segments[0]
                 path = Path(cluster.buckets["eu-west"]) / object_names.segment(victim.digest)
                 blob = bytearray(path.read_bytes())
