@@ -3,6 +3,7 @@ trainer restart and heterogeneous actors — each against real processes, a real
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -393,6 +394,10 @@ def _complete_steps_only(log: list[dict], since_ms: int) -> list[dict]:
     return [e for e in log if not (e.get("kind") == "settle" and e.get("step") in straddling)]
 
 
+def _has_version(store: DeltaStore, version: int) -> bool:
+    return version in store.versions()
+
+
 def flaky_storage(run_dir: Path, quick: bool) -> ScenarioResult:
     """The home bucket is a real S3 server behind a fault-injecting proxy (5xx, slow and stalled responses),
     and one segment in the regional bucket is corrupted on disk: retries and digest checks absorb both."""
@@ -425,7 +430,8 @@ def flaky_storage(run_dir: Path, quick: bool) -> ScenarioResult:
                 # A step whose groups all earned the same reward (likely before any warm start) has no gradient
                 # and publishes an empty delta: the victim is the first later version that has a segment.
                 while True:
-                    cluster.wait_for(lambda v=target_version: v in regional.versions(), 90, "relay forwarding")
+                    forwarded = functools.partial(_has_version, regional, target_version)
+                    cluster.wait_for(forwarded, 90, "relay forwarding")
                     manifest = regional.manifest(target_version)
                     if manifest.segments or target_version >= steps:
                         break
