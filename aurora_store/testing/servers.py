@@ -180,6 +180,13 @@ class _Server:
         else:
             self._call("wait_for_port", host, port, timeout, timeout=timeout, watch=True)
 
+    def _unstarted_in_scratch_dir(self, prefix: str) -> None:
+        """Not started yet, on no port, in a temporary directory of its own (removed when it stops)."""
+        self.workdir = Path(tempfile.mkdtemp(prefix=prefix))
+        self._own_workdir = True
+        self.process = None
+        self.port = 0
+
     def _choose_ports(self) -> None:
         raise NotImplementedError
 
@@ -439,10 +446,7 @@ class GCSServer(_Server):
     host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
-        self.workdir = Path(tempfile.mkdtemp(prefix="aurora-gcs-"))
-        self._own_workdir = True
-        self.process = None
-        self.port = 0
+        self._unstarted_in_scratch_dir("aurora-gcs-")
 
     @property
     def endpoint_url(self) -> str:
@@ -524,10 +528,7 @@ class AzuriteServer(_Server):
     host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
-        self.workdir = Path(tempfile.mkdtemp(prefix="aurora-azurite-"))
-        self._own_workdir = True
-        self.process = None
-        self.port = 0
+        self._unstarted_in_scratch_dir("aurora-azurite-")
 
     @property
     def endpoint_url(self) -> str:
