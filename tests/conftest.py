@@ -20,6 +20,8 @@ from aurora_store.testing.servers import (
 )
 from tests import parallel
 
+pytest_plugins = ["tests.cpu_time"]
+
 settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True,
                           print_blob=True)
