@@ -8,6 +8,7 @@ import time
 from aurora_store.bus import ControlPlane
 from aurora_store.bus.messages import ActorState
 from aurora_store.sched import LeasePolicy, ThroughputEstimator
+from aurora_store.testing.members import Member, admission_secret
 from workers.trainer.dispatch import Dispatcher
 
 
@@ -18,8 +19,10 @@ def state(actor_id: str) -> ActorState:
 def test_departed_actors_are_forgotten_after_the_grace(redis_url):
     plane = ControlPlane(redis_url, "dispatch-forget", heartbeat_ttl_s=1)
     estimator = ThroughputEstimator(forget_after_s=0.5)
-    dispatcher = Dispatcher(plane, "eu", "trainer-test", LeasePolicy(), estimator)
-    tokens = {a: plane.register_actor(state(a)) for a in ("stays", "leaves", "vanishes")}
+    dispatcher = Dispatcher(plane, "eu", "trainer-test", LeasePolicy(), estimator, admission_secret=admission_secret())
+    members = {a: Member(a, plane.run) for a in ("stays", "leaves", "vanishes")}
+    for actor_id, member in members.items():
+        plane.register_actor(state(actor_id), member.credentials)
     assert set(dispatcher.live_actors()) == {"stays", "leaves", "vanishes"}
     for actor_id, rate in (("stays", 100.0), ("leaves", 300.0), ("vanishes", 500.0)):
         estimator.observe(actor_id, rate)
@@ -27,9 +30,9 @@ def test_departed_actors_are_forgotten_after_the_grace(redis_url):
     assert "leaves" not in dispatcher.live_actors() and "leaves" in estimator.estimates  # within the grace
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and ("leaves" in estimator.estimates or "vanishes" in estimator.estimates):
-        plane.heartbeat_actor(state("stays"), tokens["stays"])
+        plane.heartbeat_actor(state("stays"), members["stays"].credentials)
         assert "stays" in dispatcher.live_actors()
         time.sleep(0.1)
     assert set(estimator.estimates) == {"stays"} and estimator.get("stays") == 100.0
-    # a departed actor's token is still known: a late result or hand-back of its leases is still its own
-    assert dispatcher.token_of("leaves") == tokens["leaves"]
+    # a departed actor's key is still known: a late result or hand-back of its leases is still its own
+    assert dispatcher.key_of("leaves") == members["leaves"].key.public
