@@ -26,9 +26,11 @@ from aurora_store.errors import ConfigError
 
 ROLES = ("trainer", "relay", "actor")
 
-# Commands of the connection itself (redis-py's handshake, health checks, pipelines) every role needs.
-_CONNECTION = ("+ping", "+auth", "+hello", "+client|setinfo", "+client|id", "+select", "+time", "+multi", "+exec",
-               "+discard", "+echo")
+# Commands of the connection itself (redis-py's handshake, health checks, pipelines, and ``INFO server``, whose
+# run id tells a client that the server restarted) every role needs; applied after the role's own rules, so
+# that the trainer's ``-@dangerous`` does not take them back.
+_CONNECTION = ("+info|server", "+ping", "+auth", "+hello", "+client|setinfo", "+client|id", "+select", "+time",
+               "+multi", "+exec", "+discard", "+echo")
 _COMMANDS: Mapping[str, tuple[str, ...]] = {
     "trainer": ("+@read", "+@write", "+@stream", "+@hash", "+@set", "+@keyspace", "+@connection", "+@transaction",
                 "-@dangerous"),
@@ -55,7 +57,7 @@ def key_rules(role: str, run: str = "*") -> list[str]:
 def rules(role: str, run: str = "*") -> list[str]:
     """Every ``ACL SETUSER`` rule of ``role`` but its password: ``resetkeys``/``-@all`` first, so re-applying
     them to an existing user leaves nothing older behind."""
-    return ["resetkeys", "resetchannels", "-@all", *_CONNECTION, *_COMMANDS[role], *key_rules(role, run)]
+    return ["resetkeys", "resetchannels", "-@all", *_COMMANDS[role], *_CONNECTION, *key_rules(role, run)]
 
 
 def provision(client: redis.Redis, passwords: Mapping[str, str], run: str = "*") -> None:

@@ -30,7 +30,7 @@ from aurora_store.config import HEARTBEAT_TTL_S
 RESULTS_GROUP = "trainer"
 #: Results fetched per read. Each entry is at most the server's largest bulk (``proto-max-bulk-len``) per
 #: field, so this bounds what one read can cost the trainer before any entry is looked at.
-RESULTS_PER_READ = 32
+RESULTS_PER_READ = 16
 #: The cap of a result whose lease the reader does not know: enough for a hand-back or a late answer to be
 #: recognised and counted, nothing more.
 UNKNOWN_LEASE_CAP = 4096

@@ -248,7 +248,7 @@ class RedisServer(_Server):
     tls: bool = False
     launcher: list[str] | None = None  # argv prefix, e.g. ["ip", "netns", "exec", NS]
     acl_users: dict[str, str] | None = None
-    max_bulk: str = "16mb"
+    max_bulk: str = "8mb"
 
     def url_for(self, role: str) -> str:
         """The URL of ``role``'s ACL user (the operator's :attr:`url` when the server has no ACL users)."""
