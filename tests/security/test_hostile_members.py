@@ -173,6 +173,8 @@ def test_a_burst_of_huge_messages_costs_the_trainer_bounded_memory(attacked):
     attacker = attacked["attacker"]
     assert attacker.sent["huge"] == 6 and attacker.peak_before and attacker.peak_after
     grown_mib = (attacker.peak_after - attacker.peak_before) / 1024
+    print(json.dumps({"huge_messages": attacker.sent["huge"], "message_mib": HUGE / 2**20,
+                      "trainer_peak_growth_mib": round(grown_mib, 1)}))
     # Parsing one of them would cost ~40× its 7 MB (~280 MiB, the burst ~1.6 GiB); refused unparsed, the burst
     # costs its raw bytes and the client's read buffers (and whatever the trainer itself did meanwhile).
     assert grown_mib < 200, f"trainer peak memory grew {grown_mib:.0f} MiB"
