@@ -101,7 +101,7 @@ def warm_start(model, tokenizer, task: AdditionTask, steps: int, *, lr: float = 
         out.loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        loss_value = float(out.loss)
+        loss_value = float(out.loss.detach())
     model.eval()
     return loss_value
 
