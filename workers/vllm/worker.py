@@ -174,8 +174,11 @@ def bind_model(layout: ModelLayout, model: torch.nn.Module, tp_rank: int, tp_siz
     permutations: dict[tuple[int, int], torch.Tensor] = {}  # one probe per slab shape, shared by all layers
     for name, pack in repacked_experts(model).items():
         shard = shards.get(name)
-        if shard is None:
-            continue  # already reported by bind_layout
+        if shard is None:  # its mismatch is reported by bind_layout; say what usually causes it
+            problems.append(f"{name}: repacked experts that do not match the layout cannot be addressed in place "
+                            "(vLLM's CPU MoE kernels zero-pad an expert size that is not a multiple of their block "
+                            "before repacking)")
+            continue
         try:
             if tp_size != 1:
                 raise LayoutError("repacked experts are addressed at TP=1 only")
