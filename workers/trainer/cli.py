@@ -84,8 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "disk holds one checkpoint but not two. A restart resumes from the newest one and "
                         "publishes on top of the bucket's latest version")
     p.add_argument("--model", help="HF model directory (default: built-in small Qwen3 + warm start)")
-    p.add_argument("--model-config", help="JSON file (or inline JSON) overriding fields of the built-in "
-                   "Qwen3 config, e.g. '{\"hidden_size\": 512, \"num_hidden_layers\": 4}'")
+    p.add_argument("--model-config", help="a preset (qwen3, qwen3_moe: the same model with 8 experts, 2 active) "
+                   "or a JSON file (or inline JSON) overriding fields of the built-in Qwen3 config, e.g. "
+                   "'{\"hidden_size\": 512, \"num_hidden_layers\": 4}' ('\"preset\": \"qwen3_moe\"' starts "
+                   "from a preset)")
     p.add_argument("--dataset", help="GSM8K-style .jsonl/.parquet (question/answer); default: addition task")
     p.add_argument("--warm-start-steps", type=int, default=120, help="supervised steps before RL (built-in task)")
     p.add_argument("--max-operand", type=int, default=9, help="addition task: operands in [0, N]")
