@@ -4,8 +4,9 @@ A result for lease ``j`` is accepted iff it arrived before the lease expired (se
 stream id), was generated on the job's version, carries that version's weights digest, comes from the
 actor the lease was granted to (with its registration token), and its prompt has not been accepted yet.
 Everything else is rejected and counted by reason. Expired or returned leases put their prompt back in the
-pool, so no prompt is ever lost or counted twice. Time is always passed in (``now_ms``): the ledger is a
-pure state machine.
+pool, so no prompt is ever lost or counted twice. A result accepted here can still be taken back by a later
+check (:meth:`StepLedger.reject`: the trainer's logprob check, which needs the model). Time is always passed
+in (``now_ms``): the ledger is a pure state machine.
 
 Settlement also measures each actor's throughput: from the grant that gave it work while it held none
 until the settlement that leaves it holding none (a *hold window*, server clock), the tokens of its
@@ -30,7 +31,7 @@ from aurora_store.errors import SchedulingError
 from aurora_store.sched.allocation import Measurement
 
 REASONS = ("late", "wrong_version", "wrong_digest", "unknown_lease", "duplicate", "wrong_actor", "bad_token",
-           "unregistered", "malformed", "not_active")
+           "unregistered", "malformed", "not_active", "logprobs")
 
 
 @dataclass(frozen=True)
@@ -218,6 +219,27 @@ class StepLedger:
         latency = arrival_ms - record.granted_ms
         self.policy.observe(latency)
         return Verdict(True, "ok", record, latency)
+
+    def reject(self, prompt_id: str, reason: str, *, requeue: bool = True) -> RolloutResult | None:
+        """Take back an accepted result that a later check found wrong (e.g. the trainer's logprob check).
+
+        It leaves ``accepted`` and is counted under ``reason``; its prompt goes back to the pool to be leased
+        again (``requeue``) or leaves the step (``requeue=False``: the step trains without it). Returns the
+        result taken back, ``None`` if ``prompt_id`` had no accepted result (nothing changes)."""
+        result = self.accepted.pop(prompt_id, None)
+        if result is None:
+            return None
+        record = self.leases.get(result.lease_id)
+        if record is not None:
+            record.state = "rejected"
+        self.rejected[reason] += 1
+        if requeue:
+            self.pool.append(prompt_id)
+        else:
+            del self.prompts[prompt_id]
+        if not self.complete:
+            self.completed_ms = None
+        return result
 
     def _void(self, record: LeaseRecord) -> LeaseRecord:
         """The lease holder answered from the wrong weights: that answer will not change, so the prompt goes
