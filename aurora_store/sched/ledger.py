@@ -220,26 +220,30 @@ class StepLedger:
         self.policy.observe(latency)
         return Verdict(True, "ok", record, latency)
 
-    def reject(self, prompt_id: str, reason: str, *, requeue: bool = True) -> RolloutResult | None:
-        """Take back an accepted result that a later check found wrong (e.g. the trainer's logprob check).
-
-        It leaves ``accepted`` and is counted under ``reason``; its prompt goes back to the pool to be leased
-        again (``requeue``) or leaves the step (``requeue=False``: the step trains without it). Returns the
-        result taken back, ``None`` if ``prompt_id`` had no accepted result (nothing changes)."""
+    def reject(self, prompt_id: str, reason: str, now_ms: int | None = None) -> Verdict:
+        """Take back the accepted result of ``prompt_id`` because a later check refused it (``reason``, e.g. the
+        trainer's logprob recomputation): it leaves :attr:`accepted`, is counted under ``reason``, and the
+        prompt goes back to the pool so a caller still collecting the step has it generated again. The tokens
+        it contributed to its holder's throughput measurement are not taken back (that window is settled);
+        the caller decides what else the actor deserves."""
         result = self.accepted.pop(prompt_id, None)
         if result is None:
-            return None
+            return self._reject(reason, None)
         record = self.leases.get(result.lease_id)
         if record is not None:
             record.state = "rejected"
-        self.rejected[reason] += 1
-        if requeue:
-            self.pool.append(prompt_id)
-        else:
-            del self.prompts[prompt_id]
-        if not self.complete:
-            self.completed_ms = None
-        return result
+        self.pool.append(prompt_id)
+        self.completed_ms = None
+        return self._reject(reason, record)
+
+    def drop(self, prompt_id: str) -> bool:
+        """Take a pooled prompt out of the step (it will not be leased again; the step completes without it);
+        ``False`` (nothing changes) unless ``prompt_id`` is in the pool."""
+        if prompt_id not in self.pool:
+            return False
+        self.pool.remove(prompt_id)
+        del self.prompts[prompt_id]
+        return True
 
     def _void(self, record: LeaseRecord) -> LeaseRecord:
         """The lease holder answered from the wrong weights: that answer will not change, so the prompt goes

@@ -152,12 +152,15 @@ def test_a_taken_back_result_leaves_the_step_and_its_prompt_is_leased_again():
                                samples=[{"ids": [3], "logprobs": [-0.1], "text": "2"}])
         assert ledger.settle(result, 10).accepted
     assert ledger.complete
-    taken = ledger.reject("a", "logprobs")
-    assert taken is not None and taken.actor_id == "x"
+    verdict = ledger.reject("a", "logprobs")
+    assert not verdict.accepted and verdict.lease is not None and verdict.lease.actor_id == "x"
     assert not ledger.complete and list(ledger.pool) == ["a"] and ledger.rejected["logprobs"] == 1
-    assert ledger.reject("a", "logprobs") is None  # nothing accepted for it any more: nothing changes
+    assert ledger.reject("a", "logprobs").lease is None  # nothing accepted for it any more
+    assert list(ledger.pool) == ["a"]
     ledger.check_invariants()
-    # dropped instead: the step is complete without it
-    ledger.reject("b", "logprobs", requeue=False)
+    # dropped instead of leased again: the step is complete without it
+    ledger.reject("b", "logprobs")
+    assert ledger.drop("b") and not ledger.drop("b")
     assert "b" not in ledger.prompts and list(ledger.pool) == ["a"]
     ledger.check_invariants()
+    assert ledger.drop("a") and ledger.complete

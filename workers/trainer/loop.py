@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from aurora_store.bus.messages import RolloutResult
 from aurora_store.errors import BusError, NoEligibleActors
@@ -127,7 +127,8 @@ class StepLoop:
             log.warning("logprob check off: a sharded trainer's rank 0 holds only its rows of each version")
             return None
         model = self.started.policy.model
-        return RolloutCheck(model, vocab_size=int(model.config.vocab_size), tolerance=tolerance)
+        vocab_size = int(cast(Any, model).config.vocab_size)  # a transformers model (PolicyModel.load)
+        return RolloutCheck(model, vocab_size=vocab_size, tolerance=tolerance)
 
     def _hold_published(self) -> None:
         if self.check is not None:
@@ -136,13 +137,13 @@ class StepLoop:
 
     def _verify(self, leader: Leader, ledger: StepLedger) -> bool:
         """Take back every accepted result whose tokens were not sampled from the leased version (the logprob
-        check), re-lease those prompts and collect again until every result passes; after
-        ``CHECK_ROUNDS`` rounds the failing ones leave the step instead (unless none would be left). ``False``
-        when stopping during a re-collection."""
+        check) and collect those prompts again, until every result passes; after ``CHECK_ROUNDS`` rounds the
+        prompts still failing leave the step instead (unless none would be left). ``False`` when stopping
+        during a re-collection."""
         check = self.check
         if check is None:
             return True
-        if check.version != ledger.version:  # cannot happen in the loop's order; never trained on unchecked
+        if check.version != ledger.version:  # cannot happen in the loop's order; never train on unchecked
             raise RuntimeError(f"logprob check holds version {check.version}, step {ledger.step} was leased on "
                                f"{ledger.version}")
         checked: set[str] = set()
@@ -153,15 +154,13 @@ class StepLoop:
             checked.update(fresh)
             if not failed:
                 return True
-            # Leased again while rounds remain, or while dropping them would leave nothing to train on.
-            requeue = round_ < CHECK_ROUNDS or len(failed) == len(ledger.accepted)
+            keep = round_ < CHECK_ROUNDS or len(failed) == len(ledger.accepted)
             for verdict in failed:
                 checked.discard(verdict.prompt_id)
-                leader.dispatcher.take_back(ledger, verdict.prompt_id, "logprobs", requeue=requeue,
-                                            check=verdict.reason, statistic=round(min(verdict.worst, 1e9), 6),
-                                            tolerance=check.tolerance)
-            if not requeue:
-                return True
+                leader.dispatcher.take_back(ledger, verdict.prompt_id, "logprobs", check=verdict.reason,
+                                            statistic=round(min(verdict.worst, 1e9), 6), tolerance=check.tolerance)
+                if not keep:  # leased again for rounds on end: the step goes on without it
+                    ledger.drop(verdict.prompt_id)
             if not self._collect(leader, ledger):
                 return False
         raise TimeoutError(f"step {ledger.step}: every result failed the logprob check {CHECK_ROUNDS_MAX} times")
@@ -183,8 +182,12 @@ class StepLoop:
             prompt = ledger.prompts[prompt_id]
             prompt_ids = tuple(self.tokenizer(prompt.text).input_ids)
             for sample in result.samples:
-                samples.append(Sample(prompt_ids, tuple(sample["ids"]), tuple(sample["logprobs"]),
-                                      self.task.reward(prompt, sample["text"]), prompt_id))
+                ids = tuple(sample["ids"])
+                # Rewarded on what the tokens say, not on the text the actor sent alongside them: the tokens
+                # are what the logprob check vouches for and what the step trains on.
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                samples.append(Sample(prompt_ids, ids, tuple(sample["logprobs"]), self.task.reward(prompt, text),
+                                      prompt_id))
         return samples
 
 
