@@ -144,7 +144,7 @@ def _hostile(layout: ModelLayout, good: list) -> dict[str, dict]:
     two_i4 = torch.tensor([0, 1], dtype=torch.int32).numpy().tobytes()
     unsorted = torch.tensor([1, 0], dtype=torch.int32).numpy().tobytes()
     repeated = torch.tensor([0, 0], dtype=torch.int32).numpy().tobytes()
-    far = torch.tensor([layout[name].numel], dtype=torch.int32).numpy().tobytes()
+    far = torch.tensor([layout[layout.names[1]].numel], dtype=torch.int32).numpy().tobytes()
     negative = torch.tensor([-1], dtype=torch.int32).numpy().tobytes()
     return {
         "malformed_digest": {"version": 1, "weights_digest": BAD_DIGEST, "scatter": [good]},
