@@ -29,6 +29,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -41,8 +42,10 @@ log = logging.getLogger("aurora.trainer.rollout_check")
 #: docs/THREAT_MODEL.md for the distribution and the false-rejection rate.
 DEFAULT_TOLERANCE = 0.05
 
-#: Sequences scored per forward (bounds the ``[rows, length, vocab]`` fp32 logits alive at once).
+#: Sequences scored per forward (bounds the ``[rows, length, hidden]`` activations alive at once).
 ROWS_PER_FORWARD = 64
+#: Completion tokens whose logits exist at once (``[rows, vocab]`` fp32: ~1.2 GB at Qwen3's vocabulary).
+LOGIT_ROWS = 2048
 
 
 @dataclass(frozen=True)
@@ -121,24 +124,39 @@ class RolloutCheck:
         return [s for s in out if s is not None]
 
     def recompute(self, samples: Sequence[ScoredSample], temperature: float = 1.0) -> list[torch.Tensor]:
-        """Each completion token's log-probability under the held weights (right-padded, one forward)."""
+        """Each completion token's log-probability under the held weights (right-padded, one forward).
+
+        The output head is applied only to the completion positions, ``LOGIT_ROWS`` rows at a time: at a real
+        vocabulary (151936) the full ``[rows, length, vocab]`` logits of a batch would not fit anywhere."""
         longest = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
         device = next(self.model.parameters()).device
         ids = torch.zeros((len(samples), longest), dtype=torch.long)
         attention = torch.zeros_like(ids)
+        rows: list[int] = []
+        positions: list[int] = []
+        targets: list[int] = []
         for i, s in enumerate(samples):
             seq = s.prompt_ids + s.completion_ids
             ids[i, : len(seq)] = torch.tensor(seq)
             attention[i, : len(seq)] = 1
-        logits = self.model(input_ids=ids.to(device), attention_mask=attention.to(device), use_cache=False).logits
-        out = []
-        for i, s in enumerate(samples):
             p, c = len(s.prompt_ids), len(s.completion_ids)
-            # Logits at position t predict token t + 1; reduced in fp32 as the actor does.
-            rows = logits[i, p - 1: p - 1 + c].float() / temperature
-            target = torch.tensor(s.completion_ids, dtype=torch.long, device=rows.device)
-            out.append(F.log_softmax(rows, dim=-1).gather(1, target[:, None]).squeeze(1).cpu())
-        return out
+            rows += [i] * c
+            positions += range(p - 1, p - 1 + c)  # the hidden state at t predicts token t + 1
+            targets += s.completion_ids
+        model: Any = self.model  # a transformers causal LM: its decoder stack, then its output head
+        hidden = model.get_decoder()(input_ids=ids.to(device), attention_mask=attention.to(device),
+                                     use_cache=False).last_hidden_state
+        picked = hidden[torch.tensor(rows, device=device), torch.tensor(positions, device=device)]
+        del hidden
+        head = model.get_output_embeddings()
+        target = torch.tensor(targets, dtype=torch.long, device=device)
+        values = torch.empty(len(targets), dtype=torch.float32)
+        for lo in range(0, len(targets), LOGIT_ROWS):
+            # Reduced in fp32 from the bf16 logits, as the actor does.
+            logits = head(picked[lo:lo + LOGIT_ROWS]).float() / temperature
+            values[lo:lo + LOGIT_ROWS] = F.log_softmax(logits, dim=-1).gather(
+                1, target[lo:lo + LOGIT_ROWS, None]).squeeze(1).cpu()
+        return list(values.split([len(s.completion_ids) for s in samples]))
 
     def _scorable(self, s: ScoredSample) -> bool:
         return (0 < len(s.completion_ids) == len(s.claimed) and len(s.prompt_ids) > 0
