@@ -143,10 +143,23 @@ def _group_rejections(scores: list[float], group_size: int, tolerance: float) ->
     return sum(1 for g in groups if max(g) > tolerance), len(groups)
 
 
+#: Tolerances the output also reports rates at (the choice of ``DEFAULT_TOLERANCE`` is a trade-off between them).
+SWEEP = (0.02, 0.03, 0.05, 0.08, 0.1, 0.2)
+
+
+def _sweep(scores: list[float], group_size: int) -> dict[str, float]:
+    out = {}
+    for tolerance in SWEEP:
+        rejected, groups = _group_rejections(scores, group_size, tolerance)
+        out[str(tolerance)] = round(rejected / groups, 6)
+    return out
+
+
 def _honest(samples: list[ScoredSample], scores: list[float], group_size: int, tolerance: float) -> dict[str, Any]:
     rejected, groups = _group_rejections(scores, group_size, tolerance)
     tokens = sum(len(s.completion_ids) for s in samples)
     return {"samples": len(scores), "results": groups, "tokens": tokens,
+            "false_rejection_rate_results_at": _sweep(scores, group_size),
             "statistic": {k: round(v, 6) for k, v in _percentiles(scores).items()},
             "false_rejections_samples": sum(1 for s in scores if s > tolerance),
             "false_rejection_rate_samples": sum(1 for s in scores if s > tolerance) / len(scores),
@@ -156,6 +169,7 @@ def _honest(samples: list[ScoredSample], scores: list[float], group_size: int, t
 def _forged(scores: list[float], group_size: int, tolerance: float) -> dict[str, Any]:
     rejected, groups = _group_rejections(scores, group_size, tolerance)
     return {"samples": len(scores), "results": groups,
+            "rejection_rate_results_at": _sweep(scores, group_size),
             "statistic": {k: round(v, 6) for k, v in _percentiles(scores).items()},
             "rejection_rate_samples": sum(1 for s in scores if s > tolerance) / len(scores),
             "rejection_rate_results": rejected / groups}
