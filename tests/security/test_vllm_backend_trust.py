@@ -140,7 +140,7 @@ BAD_DIGEST = "lthash128:" + "g" * 32
 
 
 def _hostile(layout: ModelLayout, good: list) -> dict[str, dict]:
-    name, kind, index, bits = good
+    _, kind, index, bits = good
     two_i4 = torch.tensor([0, 1], dtype=torch.int32).numpy().tobytes()
     unsorted = torch.tensor([1, 0], dtype=torch.int32).numpy().tobytes()
     repeated = torch.tensor([0, 0], dtype=torch.int32).numpy().tobytes()
