@@ -49,17 +49,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--model-config", help="JSON overriding fields of the built-in small Qwen3")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--engine", choices=["torch", "vllm"], default="torch",
+                        help="the honest actor's engine (vllm: the CPU build; the other-version forgeries need "
+                             "torch's in-process weights and are skipped)")
 
 
 def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
     overrides = json.loads(args.model_config) if args.model_config else {}
     return run(overrides, results=args.results, group_size=args.group_size, per_call=args.prompts_per_call,
                max_operand=args.max_operand, warm_steps=args.warm_start_steps, tolerance=args.tolerance,
-               temperature=args.temperature, seed=args.seed)
+               temperature=args.temperature, seed=args.seed, engine_kind=args.engine)
 
 
 def run(overrides: dict[str, Any], *, results: int, group_size: int, per_call: int, max_operand: int,
-        warm_steps: int, tolerance: float, temperature: float, seed: int) -> dict[str, Any]:
+        warm_steps: int, tolerance: float, temperature: float, seed: int, engine_kind: str = "torch"
+        ) -> dict[str, Any]:
     config = {**DEFAULT_CONFIG, **overrides}
     task = AdditionTask(max_operand=max_operand, seed=seed)
     with tempfile.TemporaryDirectory() as tmp:
@@ -68,7 +72,13 @@ def run(overrides: dict[str, Any], *, results: int, group_size: int, per_call: i
         trainer_model = load_model(model_dir)  # fp32 master weights, as the trainer holds them
         check = RolloutCheck(trainer_model, vocab_size=config["vocab_size"], tolerance=tolerance)
         check.hold({n: p.to(torch.bfloat16) for n, p in trainer_model.named_parameters()}, 0)
-        engine = TorchEngine(model_dir, layout, seed=seed)
+        engine: Any
+        if engine_kind == "vllm":
+            from workers.vllm.engine import VllmEngine
+
+            engine = VllmEngine(model_dir, layout, seed=seed, max_model_len=int(config["max_position_embeddings"]))
+        else:
+            engine = TorchEngine(model_dir, layout, seed=seed)
         t0 = time.perf_counter()
         honest = _generate(engine, task, results, group_size, per_call, max_operand, temperature, seed)
         generate_s = time.perf_counter() - t0
@@ -76,8 +86,8 @@ def run(overrides: dict[str, Any], *, results: int, group_size: int, per_call: i
         honest_scores = _scores(check, honest, temperature)
         score_s = time.perf_counter() - t0
         out: dict[str, Any] = {
-            "benchmark": "logprob_check", "model": {k: config[k] for k in ("hidden_size", "num_hidden_layers",
-                                                                            "vocab_size")},
+            "benchmark": "logprob_check", "engine": engine_kind,
+            "model": {k: config[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size")},
             "warm_start_steps": warm_steps, "temperature": temperature, "tolerance": tolerance,
             "statistic": "per-sample mean |claimed - recomputed| over completion tokens; a result is rejected if "
                          "any of its samples exceeds the tolerance",
@@ -87,7 +97,8 @@ def run(overrides: dict[str, Any], *, results: int, group_size: int, per_call: i
         }
         rng = random.Random(seed + 1)
         forged: dict[str, Any] = {}
-        for name, lr, steps in (("other_version_near", 2e-4, 1), ("other_version_far", 3e-3, 40)):
+        others = (("other_version_near", 2e-4, 1), ("other_version_far", 3e-3, 40)) if engine_kind == "torch" else ()
+        for name, lr, steps in others:
             other = load_model(model_dir)
             tokenizer = build_tokenizer()
             warm_start(other, tokenizer, task, steps, lr=lr, batch=32, seed=seed + 7)
@@ -105,10 +116,11 @@ def run(overrides: dict[str, Any], *, results: int, group_size: int, per_call: i
                   for s in honest_flat]
         forged["copied_logprobs"] = _forged(_scores(check, copied, temperature), group_size, tolerance)
         out["forged"] = forged
+        engine.close()
         return out
 
 
-def _generate(engine: TorchEngine, task: AdditionTask, results: int, group_size: int, per_call: int,
+def _generate(engine: Any, task: AdditionTask, results: int, group_size: int, per_call: int,
               max_operand: int, temperature: float, seed: int) -> list[ScoredSample]:
     tokenizer = engine.tokenizer
     out: list[ScoredSample] = []

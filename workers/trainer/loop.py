@@ -163,7 +163,9 @@ class StepLoop:
                     ledger.drop(verdict.prompt_id)
             if not self._collect(leader, ledger):
                 return False
-        raise TimeoutError(f"step {ledger.step}: every result failed the logprob check {CHECK_ROUNDS_MAX} times")
+        raise TimeoutError(f"step {ledger.step}: every result failed the logprob check in {CHECK_ROUNDS_MAX} rounds "
+                           f"(tolerance {check.tolerance}): every actor forging, or honest bf16 noise of this model "
+                           f"above --logprob-tolerance (measure it: python -m benchmarks logprob_check --json)")
 
     def _scored(self, ledger: StepLedger, prompt_id: str, result: RolloutResult) -> list[ScoredSample]:
         prompt_ids = tuple(self.tokenizer(ledger.prompts[prompt_id].text).input_ids)
