@@ -33,8 +33,8 @@ import torch
 from aurora_store.codec import ModelLayout
 from benchmarks.wan_bench.warm import build
 from workers.engines.torch_engine import TorchEngine
-from workers.rl.model import DEFAULT_CONFIG, load_model, warm_start
-from workers.rl.task import AdditionTask, build_tokenizer
+from workers.rl.model import DEFAULT_CONFIG, load_model, load_tokenizer, warm_start
+from workers.rl.task import AdditionTask
 from workers.trainer.rollout_check import DEFAULT_TOLERANCE, RolloutCheck, ScoredSample
 
 
@@ -80,7 +80,8 @@ def run(overrides: dict[str, Any], *, results: int, group_size: int, per_call: i
         else:
             engine = TorchEngine(model_dir, layout, seed=seed)
         t0 = time.perf_counter()
-        honest = _generate(engine, task, results, group_size, per_call, max_operand, temperature, seed)
+        tokenizer = load_tokenizer(model_dir)
+        honest = _generate(engine, tokenizer, task, results, group_size, per_call, max_operand, temperature, seed)
         generate_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         honest_scores = _scores(check, honest, temperature)
@@ -100,13 +101,13 @@ def run(overrides: dict[str, Any], *, results: int, group_size: int, per_call: i
         others = (("other_version_near", 2e-4, 1), ("other_version_far", 3e-3, 40)) if engine_kind == "torch" else ()
         for name, lr, steps in others:
             other = load_model(model_dir)
-            tokenizer = build_tokenizer()
             warm_start(other, tokenizer, task, steps, lr=lr, batch=32, seed=seed + 7)
             with torch.no_grad():
                 for n, p in engine.model.named_parameters():
                     p.copy_(dict(other.named_parameters())[n].to(torch.bfloat16))
             count = max(results // 4, 1)
-            samples = _generate(engine, task, count, group_size, per_call, max_operand, temperature, seed + 11)
+            samples = _generate(engine, tokenizer, task, count, group_size, per_call, max_operand, temperature,
+                                seed + 11)
             forged[name] = _forged(_scores(check, samples, temperature), group_size, tolerance)
         honest_flat = [s for s in honest]
         random_tokens = [ScoredSample(s.prompt_ids, tuple(rng.randrange(3, 18) for _ in s.completion_ids),
@@ -120,9 +121,8 @@ def run(overrides: dict[str, Any], *, results: int, group_size: int, per_call: i
         return out
 
 
-def _generate(engine: Any, task: AdditionTask, results: int, group_size: int, per_call: int,
+def _generate(engine: Any, tokenizer: Any, task: AdditionTask, results: int, group_size: int, per_call: int,
               max_operand: int, temperature: float, seed: int) -> list[ScoredSample]:
-    tokenizer = engine.tokenizer
     out: list[ScoredSample] = []
     call = 0
     while len(out) < results * group_size:
