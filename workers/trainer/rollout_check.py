@@ -37,10 +37,11 @@ from torch import nn
 
 log = logging.getLogger("aurora.trainer.rollout_check")
 
-#: Per-sequence mean |claimed − recomputed| above which a sample is taken as not sampled from the claimed
-#: version. Measured on honest torch actors (bf16 weights, KV-cache decoding vs one padded forward): see
-#: docs/THREAT_MODEL.md for the distribution and the false-rejection rate.
-DEFAULT_TOLERANCE = 0.05
+#: Per-sequence mean |claimed − recomputed| (nats) above which a sample is taken as not sampled from the claimed
+#: version. Honest bf16 actors (``python -m benchmarks logprob_check``): torch engine p99.9 0.025, max 0.055
+#: over 40,000 samples; vLLM CPU engine p99 0.013, max 0.080 over 1,600. 0.1 rejected none of 5,000 honest
+#: torch results and every random-token, copied-logprob and far-version forgery (docs/THREAT_MODEL.md).
+DEFAULT_TOLERANCE = 0.1
 
 #: Sequences scored per forward (bounds the ``[rows, length, hidden]`` activations alive at once).
 ROWS_PER_FORWARD = 64
