@@ -38,9 +38,9 @@ from torch import nn
 log = logging.getLogger("aurora.trainer.rollout_check")
 
 #: Per-sequence mean |claimed − recomputed| (nats) above which a sample is taken as not sampled from the claimed
-#: version. Honest bf16 actors (``python -m benchmarks logprob_check``): torch engine p99.9 0.025, max 0.055
-#: over 40,000 samples; vLLM CPU engine p99 0.013, max 0.080 over 1,600. 0.1 rejected none of 5,000 honest
-#: torch results and every random-token, copied-logprob and far-version forgery (docs/THREAT_MODEL.md).
+#: version. Honest bf16 actors (``python -m benchmarks logprob_check``): torch engine p99.9 ≤ 0.025, max 0.055
+#: over 40,000 samples; vLLM CPU engine p99 0.013, max 0.080 over 17,600. 0.1 rejected none of 7,200 honest
+#: results and every random-token, copied-logprob and far-version forgery (docs/THREAT_MODEL.md).
 DEFAULT_TOLERANCE = 0.1
 
 #: Sequences scored per forward (bounds the ``[rows, length, hidden]`` activations alive at once).
