@@ -13,7 +13,8 @@ Init info (``init_weight_transfer_engine({"init_info": {...}})``):
 
 * ``bucket``: a bucket URL, or a list of them tried in order (e.g. the region's bucket fed by a relay, then
   the trainer's source bucket);
-* ``run``: the run name the bucket must hold (its ``run.json``), so an engine never follows another run;
+* ``run``: the run name the bucket must hold (its ``run.json``) and every signed manifest must name, so an
+  engine never follows another run; required with ``trainer_public_key``;
 * ``trainer_public_key``: the trainer's Ed25519 public key (base64 or a path); every manifest is verified
   before anything it names is fetched. ``None`` accepts unsigned runs (local experiments);
 * ``version``: the published version the engine's loaded weights are (default 0, the run's first
@@ -24,6 +25,8 @@ Update info (``update_weights({"update_info": {...}})``):
 * ``version``: the version to activate (default: the newest in the bucket);
 * ``base_version`` (optional): refuse unless the engine is at exactly this version;
 * ``weights_digest`` (optional): refuse unless the target version's manifest carries this digest;
+* push mode (``scatter``, see :meth:`AuroraWeightTransferEngine._push`): the whole update is validated
+  before the first byte is written;
 * ``check_full_digest`` (optional): after activating, hash the engine's weights from scratch and compare.
 
 Each update follows the run through :class:`~aurora_store.follow.Follower`: the cheapest path by bytes (the
