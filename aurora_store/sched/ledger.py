@@ -35,7 +35,7 @@ from aurora_store.errors import SchedulingError
 from aurora_store.sched.allocation import Measurement
 
 REASONS = ("late", "wrong_version", "wrong_digest", "unknown_lease", "duplicate", "wrong_actor", "bad_signature",
-           "unregistered", "malformed", "oversized", "bad_shape", "not_active")
+           "unregistered", "malformed", "oversized", "bad_shape", "not_active", "logprobs")
 
 
 @dataclass(frozen=True)
@@ -265,6 +265,15 @@ class StepLedger:
         self.pool.append(prompt_id)
         self.completed_ms = None
         return self._reject(reason, record)
+
+    def drop(self, prompt_id: str) -> bool:
+        """Take a pooled prompt out of the step (it will not be leased again; the step completes without it);
+        ``False`` (nothing changes) unless ``prompt_id`` is in the pool."""
+        if prompt_id not in self.pool:
+            return False
+        self.pool.remove(prompt_id)
+        del self.prompts[prompt_id]
+        return True
 
     def _void(self, record: LeaseRecord) -> LeaseRecord:
         """The lease holder answered from the wrong weights: that answer will not change, so the prompt goes

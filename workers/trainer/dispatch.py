@@ -279,6 +279,24 @@ class Dispatcher:
         if self.on_verdict is not None:
             self.on_verdict(verdict.reason, result, verdict)
 
+    def take_back(self, ledger: StepLedger, prompt_id: str, reason: str, **detail: object) -> str | None:
+        """A result accepted earlier failed a later check (the logprob check): out of the step, counted under
+        ``reason`` and logged, its prompt pooled to be leased again. Returns the actor whose result it was
+        (``None``: no result was accepted for ``prompt_id``; nothing changes but the count)."""
+        verdict = ledger.reject(prompt_id, reason)
+        self.stats.rejected[reason] += 1
+        self.metrics.rollouts.labels("rejected", reason).inc()
+        if verdict.lease is None:
+            return None
+        actor_id = verdict.lease.actor_id
+        self.stats.accepted -= 1
+        self.stats.per_actor_accepted[actor_id] -= 1
+        self.plane.log_event("take_back", step=ledger.step, actor=actor_id, prompt=prompt_id, reason=reason,
+                             **detail)
+        log.warning("step %d: result of %s for %s taken back (%s)", ledger.step, actor_id, prompt_id, reason,
+                    extra=detail)
+        return actor_id
+
     def _measure(self, ledger: StepLedger, records: list[tuple[str, dict]]) -> None:
         """Fold every settled hold window into the estimates (the paper's EMA after each settlement); the
         ``measure`` run-log records are appended to ``records`` (written in one batch by the caller)."""
