@@ -20,7 +20,7 @@ import torch
 import zstandard
 
 from aurora_store.codec import leb128
-from aurora_store.codec.digest import WeightsDigest, hash_elements
+from aurora_store.codec.digest import WeightsDigest, hash_change
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.manifest import ChunkRef, DeltaManifest, SegmentRef
 from aurora_store.codec.params import CodecParams
@@ -226,7 +226,7 @@ def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tupl
             new_np[start:stop] = decode_values(old_np[start:stop], c.values, c.header.count,
                                                manifest.codec.value_transform)
             start = stop
-        delta = delta + hash_elements(name, indices, new) - hash_elements(name, indices, old)
+        delta = delta + hash_change(name, indices, old, new)
         # Cutting the indices at the target's pieces (and moving them to its device) belongs to staging:
         # activation is then one scatter_ per piece.
         plan = planner.plan_scatter(name, indices) if planner is not None else None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import os
 import threading
 import time
 from collections import deque
@@ -21,7 +20,7 @@ import numpy as np
 import torch
 import zstandard
 
-from aurora_store.codec import leb128
+from aurora_store.codec import kernels, leb128
 from aurora_store.codec.digest import ZERO, WeightsDigest
 from aurora_store.codec.extract import Changes, DeviceExtraction, changes_on_host
 from aurora_store.codec.layout import InferenceTensor, ModelLayout, bits_view
@@ -166,12 +165,12 @@ class DeltaEncoder:
         return (self._host_changes(p) for p in rest), None
 
     def _threads(self, extraction: DeviceExtraction | None) -> int:
-        """Chunk-encoding threads: numpy's passes and zstd release the GIL, so host encoding of several
-        chunks runs in parallel. Device extraction finds changes in milliseconds and leaves host encoding as
-        the bottleneck, so it defaults to several threads; the host path defaults to one (as before)."""
+        """Host threads for extraction (host path) and chunk encoding: the compiled compare and numpy's passes
+        and zstd release the GIL, so blocks and chunks run in parallel; the output does not depend on the
+        count (blocks and chunks are put back in order)."""
         if self.encode_threads is not None:
             return self.encode_threads
-        return min(8, os.cpu_count() or 1) if extraction is not None else 1
+        return kernels.DEFAULT_THREADS
 
     def _chunks(self, changes: Iterable[Changes], threads: int) -> Iterator[EncodedChunk]:
         """Encoded chunks in order. With several threads, chunks are encoded ahead (at most ``2 × threads``
@@ -203,7 +202,8 @@ class DeltaEncoder:
         return piece
 
     def _host_changes(self, piece: Piece) -> Changes:
-        changes, delta = changes_on_host(piece.tensor, piece.offset, piece.old, piece.new)
+        changes, delta = changes_on_host(piece.tensor, piece.offset, piece.old, piece.new,
+                                         threads=self._threads(None))
         self.summary.digest_delta = self.summary.digest_delta + delta
         return changes
 

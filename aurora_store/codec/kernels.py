@@ -1,0 +1,165 @@
+"""Compiled host kernels: the passes over every element (bit compare, digest) in one sweep each.
+
+numpy needs ~10 passes over memory for the digest of a block (xor, three shift-xors, two multiplies, the
+key build, the sum, for each of two lanes) and three for a change scan (compare, ``nonzero``, gathers); the
+kernels here read each element once and keep everything else in registers. They are compiled by numba on
+first use and cached on disk (``cache=True``), release the GIL (``nogil=True``), and work on one block:
+:func:`split` and :func:`run_blocks` spread blocks over threads, and the callers add the blocks' results
+(digest lanes add modulo 2**64, so the order of blocks does not matter; change lists are concatenated in
+block order, so the output is the same for every thread count).
+
+Integer typing is kept explicit (``np.uint64`` everywhere in the hash): numba promotes ``uint64 op int64`` to
+float64, which would silently break the arithmetic.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import numba
+import numpy as np
+
+_K1 = np.uint64(0xFF51AFD7ED558CCD)
+_K2 = np.uint64(0xC4CEB9FE1A85EC53)
+_S33 = np.uint64(33)
+_S16 = np.uint64(16)
+_LOW16 = np.uint64(0xFFFF)
+_ZERO = np.uint64(0)
+
+#: Elements per block handed to one thread: large enough that a call's overhead (~µs) is noise, small
+#: enough that two threads share a 100 M-element tensor evenly.
+BLOCK = 1 << 22
+#: Host threads when a caller does not say: the cores, at most 8 (more only adds memory-bandwidth contention).
+DEFAULT_THREADS = max(1, min(8, os.cpu_count() or 1))
+
+
+@numba.njit(inline="always")
+def _fmix(y):  # pragma: no cover - compiled
+    y ^= y >> _S33
+    y *= _K1
+    y ^= y >> _S33
+    y *= _K2
+    y ^= y >> _S33
+    return y
+
+
+@numba.njit(nogil=True, cache=True)
+def range_lanes(bits, offset, seed0, seed1):  # pragma: no cover - compiled
+    """``Σ fmix64(((offset + i) << 16 | bits[i]) ^ seed)`` over a contiguous int16 block, both lanes."""
+    s0 = _ZERO
+    s1 = _ZERO
+    base = np.uint64(offset)
+    for i in range(bits.size):
+        key = ((base + np.uint64(i)) << _S16) | (np.uint64(bits[i]) & _LOW16)
+        s0 += _fmix(key ^ seed0)
+        s1 += _fmix(key ^ seed1)
+    return s0, s1
+
+
+@numba.njit(nogil=True, cache=True)
+def element_lanes(indices, bits, seed0, seed1):  # pragma: no cover - compiled
+    """``Σ fmix64((indices[i] << 16 | bits[i]) ^ seed)`` over scattered elements, both lanes."""
+    s0 = _ZERO
+    s1 = _ZERO
+    for i in range(bits.size):
+        key = (np.uint64(indices[i]) << _S16) | (np.uint64(bits[i]) & _LOW16)
+        s0 += _fmix(key ^ seed0)
+        s1 += _fmix(key ^ seed1)
+    return s0, s1
+
+
+@numba.njit(nogil=True, cache=True)
+def delta_lanes(indices, offset, old, new, seed0, seed1):  # pragma: no cover - compiled
+    """The digest move of changing ``old[i]`` to ``new[i]`` at flat index ``offset + indices[i]``:
+    ``Σ h(new) − h(old)`` per lane, modulo 2**64."""
+    s0 = _ZERO
+    s1 = _ZERO
+    base = np.uint64(offset)
+    for i in range(old.size):
+        at = (base + np.uint64(indices[i])) << _S16
+        k_new = at | (np.uint64(new[i]) & _LOW16)
+        k_old = at | (np.uint64(old[i]) & _LOW16)
+        s0 += _fmix(k_new ^ seed0) - _fmix(k_old ^ seed0)
+        s1 += _fmix(k_new ^ seed1) - _fmix(k_old ^ seed1)
+    return s0, s1
+
+
+@numba.njit(nogil=True, cache=True)
+def changes(old, new, base):  # pragma: no cover - compiled
+    """Where two int16 blocks differ: ``(base + i, old[i], new[i])`` for every such ``i``, ascending.
+
+    Two sweeps: a branch-free count (vectorised) sizes the output exactly, then a fill; the second sweep
+    reads memory the first just brought through the caches, and nothing proportional to the block but the
+    output is ever allocated."""
+    n = old.size
+    count = 0
+    for i in range(n):
+        count += old[i] != new[i]
+    idx = np.empty(count, dtype=np.int64)
+    before = np.empty(count, dtype=np.int16)
+    after = np.empty(count, dtype=np.int16)
+    k = 0
+    for i in range(n):
+        a = old[i]
+        b = new[i]
+        if a != b:
+            idx[k] = base + i
+            before[k] = a
+            after[k] = b
+            k += 1
+    return idx, before, after
+
+
+# --- spreading blocks over threads ---------------------------------------------------------------------
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+_T = TypeVar("_T")
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=max(DEFAULT_THREADS, 2), thread_name_prefix="aurora-kernel")
+        return _pool
+
+
+def split(n: int, block: int | None = None) -> list[tuple[int, int]]:
+    """``[lo, hi)`` bounds of consecutive blocks of :data:`BLOCK` elements covering ``n`` (one empty block for
+    ``n == 0``)."""
+    block = BLOCK if block is None else block
+    return [(lo, min(lo + block, n)) for lo in range(0, n, block)] or [(0, 0)]
+
+
+def run_blocks(fn: Callable[..., _T], tasks: Sequence[tuple], threads: int | None = None) -> list[_T]:
+    """``[fn(*task) for task in tasks]``, in order, on up to ``threads`` threads (the kernels release the GIL).
+    One thread, or one task, runs in the caller's thread."""
+    threads = DEFAULT_THREADS if threads is None else threads
+    if threads < 1:
+        raise ValueError(f"threads must be ≥ 1, not {threads}")
+    if threads == 1 or len(tasks) <= 1:
+        return [fn(*task) for task in tasks]
+    pool = _executor()
+    if threads >= len(tasks) or threads >= pool._max_workers:
+        return list(pool.map(lambda task: fn(*task), tasks))
+    # At most ``threads`` at a time: each worker takes the next task until none is left.
+    results: list[_T | None] = [None] * len(tasks)
+    cursor = iter(range(len(tasks)))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                k = next(cursor, None)
+            if k is None:
+                return
+            results[k] = fn(*tasks[k])
+
+    for future in [pool.submit(worker) for _ in range(threads)]:
+        future.result()
+    return results  # type: ignore[return-value]
