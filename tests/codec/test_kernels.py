@@ -107,3 +107,14 @@ def test_host_changes_are_the_compare_scan_in_order(monkeypatch, threads):
                                                                                    old.numpy()[local])
     unchanged, zero = changes_on_host(tensor, 0, old, old.clone(), threads=threads)
     assert unchanged.indices.size == 0 and zero == ZERO
+
+
+def test_change_scan_outgrows_its_first_guess():
+    # Every element changed: far past the 1/32 of the block the outputs start at, so they double a few times.
+    old = np.arange(5000, dtype=np.int16)
+    new = old + 1
+    new[4000] = old[4000]
+    idx, before, after = kernels.changes(old, new, 10)
+    expected = np.flatnonzero(old != new)
+    assert np.array_equal(idx, expected + 10)
+    assert np.array_equal(before, old[expected]) and np.array_equal(after, new[expected])
