@@ -20,13 +20,13 @@ import numpy as np
 import torch
 import zstandard
 
-from aurora_store.codec import kernels, leb128
+from aurora_store.codec import kernels
 from aurora_store.codec.digest import ZERO, WeightsDigest
 from aurora_store.codec.extract import Changes, DeviceExtraction, changes_on_host
 from aurora_store.codec.layout import InferenceTensor, ModelLayout, bits_view
 from aurora_store.codec.manifest import ChunkRef, SegmentRef
 from aurora_store.codec.params import CodecParams
-from aurora_store.codec.segment import ChunkHeader, EncodedChunk, Entropy, pack
+from aurora_store.codec.segment import ChunkHeader, EncodedChunk, Entropy, ValueTransform, pack
 from aurora_store.codec.values import encode_values
 from aurora_store.errors import LayoutError
 
@@ -224,12 +224,14 @@ class DeltaEncoder:
 
     def _encode_chunk(self, name: str, offset: int, lo: int, hi: int, idx: np.ndarray,
                       old: np.ndarray, new: np.ndarray) -> EncodedChunk:
-        gaps = np.empty(idx.size, dtype=np.int64)
-        gaps[0] = idx[0] - lo
-        np.subtract(idx[1:], idx[:-1], out=gaps[1:])
-        index_raw = leb128.encode(gaps)
+        # The gaps' planar LEB128 and the DELTA16 value stream in compiled sweeps (the same bytes as
+        # leb128.encode and values.encode_values, which stay the format's reference and decode's inverse).
+        index_raw = kernels.leb128_gaps(np.ascontiguousarray(idx, dtype=np.int64), lo).tobytes()
         transform = self.params.value_transform
-        value_raw = encode_values(old, new, transform)
+        if transform == ValueTransform.DELTA16:
+            value_raw = kernels.delta16_values(np.ascontiguousarray(old), np.ascontiguousarray(new)).tobytes()
+        else:
+            value_raw = encode_values(old, new, transform)
         index_entropy, index_bytes = self._compress(index_raw)
         value_entropy, value_bytes = self._compress(value_raw)
         header = ChunkHeader(name, offset + lo, offset + hi, int(idx.size), index_entropy, transform,

@@ -182,3 +182,89 @@ def run_blocks(fn: Callable[..., _T], tasks: Sequence[tuple], threads: int | Non
     for future in [pool.submit(worker) for _ in range(threads)]:
         future.result()
     return results  # type: ignore[return-value]
+
+
+# --- per-changed-element streams (FORMAT §3.1, §3.2): the same bytes as the numpy formulation ------------
+
+@numba.njit(nogil=True, cache=True)
+def leb128_gaps(idx, lo):  # pragma: no cover - compiled
+    """Planar LEB128 of the gaps ``idx[0] - lo, idx[1] - idx[0], …`` (sorted ``idx`` ≥ ``lo``): byte 0 of every
+    value, then byte 1 of the values that have one, and so on (see :mod:`.leb128`)."""
+    n = idx.size
+    levels = np.zeros(10, dtype=np.int64)  # values with more than k bytes, per level k
+    prev = lo
+    for i in range(n):
+        gap = np.uint64(idx[i] - prev)
+        prev = idx[i]
+        level = 0
+        while True:
+            levels[level] += 1
+            gap >>= np.uint64(7)
+            if gap == 0:
+                break
+            level += 1
+    starts = np.zeros(10, dtype=np.int64)
+    for level in range(1, 10):
+        starts[level] = starts[level - 1] + levels[level - 1]
+    out = np.empty(starts[9] + levels[9], dtype=np.uint8)
+    prev = lo
+    for i in range(n):
+        gap = np.uint64(idx[i] - prev)
+        prev = idx[i]
+        level = 0
+        while True:
+            rest = gap >> np.uint64(7)
+            byte = np.uint8(gap & np.uint64(0x7F))
+            if rest != 0:
+                byte |= np.uint8(0x80)
+            out[starts[level]] = byte
+            starts[level] += 1
+            if rest == 0:
+                break
+            gap = rest
+            level += 1
+    return out
+
+
+@numba.njit(nogil=True, cache=True)
+def delta16_values(old, new):  # pragma: no cover - compiled
+    """The ``DELTA16`` value stream of changed elements ``old`` → ``new`` (see :mod:`.values`): the 2-bit class
+    table, the side bits of class 2, the escaped words as two byte planes."""
+    n = old.size
+    words = np.empty(n, dtype=np.uint16)
+    n_mid = 0
+    n_escape = 0
+    for i in range(n):
+        d = np.int16(new[i] - old[i])  # wraps modulo 2**16
+        w = np.uint16((np.uint16(d) << np.uint16(1)) ^ np.uint16(d >> np.int16(15)))
+        words[i] = w
+        if w == 3 or w == 4:
+            n_mid += 1
+        elif w != 1 and w != 2:
+            n_escape += 1
+    class_bytes = (n + 3) // 4
+    mid_bytes = (n_mid + 7) // 8
+    out = np.zeros(class_bytes + mid_bytes + 2 * n_escape, dtype=np.uint8)
+    mid_at = 0
+    escape_at = 0
+    side = class_bytes
+    low = class_bytes + mid_bytes
+    high = low + n_escape
+    for i in range(n):
+        w = words[i]
+        if w == 1:
+            c = 0
+        elif w == 2:
+            c = 1
+        elif w == 3 or w == 4:
+            c = 2
+            if w == 4:
+                out[side + (mid_at >> 3)] |= np.uint8(1 << (mid_at & 7))
+            mid_at += 1
+        else:
+            c = 3
+            out[low + escape_at] = np.uint8(w & np.uint16(0xFF))
+            out[high + escape_at] = np.uint8(w >> np.uint16(8))
+            escape_at += 1
+        out[i >> 2] |= np.uint8(c << (2 * (i & 3)))
+    return out

@@ -118,3 +118,20 @@ def test_change_scan_outgrows_its_first_guess():
     expected = np.flatnonzero(old != new)
     assert np.array_equal(idx, expected + 10)
     assert np.array_equal(before, old[expected]) and np.array_equal(after, new[expected])
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 8, 9, 1000, 20_003])
+def test_index_and_value_streams_are_the_reference_bytes(n):
+    from aurora_store.codec import leb128
+    from aurora_store.codec.segment import ValueTransform
+    from aurora_store.codec.values import encode_values
+
+    rng = np.random.default_rng(n)
+    for span in (1 << 12, 1 << 40):  # one-byte gaps mostly; gaps of up to six bytes
+        idx = np.sort(rng.choice(span, size=min(n, span), replace=False)).astype(np.int64) + 5
+        gaps = np.diff(idx, prepend=3)
+        assert kernels.leb128_gaps(idx, 3).tobytes() == leb128.encode(gaps)
+    old = rng.integers(-(1 << 15), 1 << 15, size=n, dtype=np.int16)
+    steps = np.array([1, -1, 2, -2, 5, -(1 << 15), (1 << 15) - 1], dtype=np.int16)  # every class, wrap-around
+    new = (old + rng.choice(steps, size=n)).astype(np.int16)
+    assert kernels.delta16_values(old, new).tobytes() == encode_values(old, new, ValueTransform.DELTA16)
