@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import zstandard
 
-from aurora_store.codec import leb128
+from aurora_store.codec import kernels, leb128
 from aurora_store.codec.digest import WeightsDigest, hash_change
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.manifest import ChunkRef, DeltaManifest, SegmentRef
@@ -179,28 +179,33 @@ def decode_segment(layout: ModelLayout, codec: CodecParams, ref: SegmentRef, dat
 
 
 def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tuple[SegmentRef, bytes]],
-          target: WeightTarget) -> StagedDelta:
+          target: WeightTarget, *, threads: int | None = None) -> StagedDelta:
     """Verify and decode a delta against ``target`` without modifying it.
 
     ``segments`` maps segment digests to bytes, or yields ``(ref, bytes)`` pairs in any order (e.g. as they
-    arrive from parallel downloads).
+    arrive from parallel downloads). Segments are verified and decoded, and tensors' values decoded and
+    hashed, on up to ``threads`` threads (SHA-256, zstd and the compiled kernels release the GIL); the
+    result does not depend on the count.
     """
     check_applicable(manifest, target)
     decoded: dict[str, list[DecodedChunk]] = {}
     seen: set[str] = set()
     wanted = {ref.digest: ref for ref in manifest.segments}
     pairs = ((wanted.get(d), b) for d, b in segments.items()) if isinstance(segments, Mapping) else segments
+    todo = []
     for ref, data in pairs:
         if ref is None or ref.digest not in wanted:
             continue
         if ref.digest in seen:
             continue
         seen.add(ref.digest)
-        for chunk in decode_segment(target.layout, manifest.codec, wanted[ref.digest], data):
-            decoded.setdefault(chunk.tensor, []).append(chunk)
+        todo.append((target.layout, manifest.codec, wanted[ref.digest], data))
     missing = set(wanted) - seen
     if missing:
         raise ManifestError(f"{len(missing)} segment(s) of version {manifest.version} were not supplied")
+    for chunks_of_segment in kernels.run_blocks(decode_segment, todo, threads):
+        for chunk in chunks_of_segment:
+            decoded.setdefault(chunk.tensor, []).append(chunk)
     plans = []
     for name in sorted(decoded, key=target.layout.names.index):
         chunks = sorted(decoded[name], key=lambda c: c.header.lo)
@@ -214,19 +219,25 @@ def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tupl
         plans.append((name, chunks, indices))
     # One read for all tensors: a target in another process (an inference engine) answers in one round trip.
     olds = target.gather_many([(name, indices) for name, _, indices in plans])
-    planner = target if isinstance(target, SupportsScatterPlan) else None
-    updates = []
-    delta = WeightsDigest()
-    for (name, chunks, indices), old in zip(plans, olds):
+    transform = manifest.codec.value_transform
+
+    def decode_tensor(name: str, chunks: list[DecodedChunk], indices: torch.Tensor,
+                      old: torch.Tensor) -> tuple[torch.Tensor, WeightsDigest]:
         new = torch.empty_like(old)
         old_np, new_np = old.numpy(), new.numpy()
         start = 0
         for c in chunks:
             stop = start + c.header.count
-            new_np[start:stop] = decode_values(old_np[start:stop], c.values, c.header.count,
-                                               manifest.codec.value_transform)
+            new_np[start:stop] = decode_values(old_np[start:stop], c.values, c.header.count, transform)
             start = stop
-        delta = delta + hash_change(name, indices, old, new)
+        return new, hash_change(name, indices, old, new)
+
+    news = kernels.run_blocks(decode_tensor, [(*plan, old) for plan, old in zip(plans, olds)], threads)
+    planner = target if isinstance(target, SupportsScatterPlan) else None
+    updates = []
+    delta = WeightsDigest()
+    for (name, _, indices), (new, moved) in zip(plans, news):
+        delta = delta + moved
         # Cutting the indices at the target's pieces (and moving them to its device) belongs to staging:
         # activation is then one scatter_ per piece.
         plan = planner.plan_scatter(name, indices) if planner is not None else None

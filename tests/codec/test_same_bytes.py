@@ -71,7 +71,10 @@ def test_segments_and_digests_are_byte_identical_to_the_previous_codec(tmp_path,
                              changed=encoder_changed, elements=layout.numel, base_weights_digest=old_digest,
                              weights_digest=new_digest)
     target = TensorTarget.from_state(layout, {k: v.clone() for k, v in old.items()}, version=0)
-    staged = stage(manifest, {s.ref.digest: s.data for s in segments}, target)
+    staged = stage(manifest, {s.ref.digest: s.data for s in segments}, target, threads=1)
+    spread = stage(manifest, [(s.ref, s.data) for s in reversed(segments)], target, threads=3)
+    assert [(u.tensor, u.indices.tolist(), u.bits.tolist()) for u in staged.updates] == \
+        [(u.tensor, u.indices.tolist(), u.bits.tolist()) for u in spread.updates]
     for update in staged.updates:
         t = layout[update.tensor]
         fused_new = torch.cat([new[c.train_name].reshape(-1) for c in t.components]).view(torch.int16)

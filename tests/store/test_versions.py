@@ -164,6 +164,22 @@ def test_snapshot_roundtrip_and_tamper_detection(store):
         load_snapshot(store, 5, LAYOUT)
 
 
+def test_snapshot_over_parallel_streams_is_the_same_snapshot(store):
+    # Files uploaded and downloaded on several streams: the same files, entries and tensors as one stream.
+    state = random_state(LAYOUT, 4)
+    digest = digest_state(LAYOUT, state)
+    one = write_snapshot(store, 6, state, LAYOUT, digest, shard_bytes=32 * 1024)
+    many = write_snapshot(store, 7, state, LAYOUT, digest, shard_bytes=32 * 1024, streams=3)
+    assert len(many.weight_files) >= 3 and many.files == one.files and many.weight_files == one.weight_files
+    loaded, _ = load_snapshot(store, 7, LAYOUT, streams=3, threads=2)
+    assert set(loaded) == set(load_snapshot(store, 6, LAYOUT)[0]) == set(LAYOUT.train_names)
+    for name in LAYOUT.train_names:
+        assert torch.equal(loaded[name].view(torch.int16), state[name].view(torch.int16))
+    with pytest.raises(ValueError):
+        write_snapshot(store, 8, state, LAYOUT, digest, streams=0)
+    assert store.snapshot_versions() == [6, 7]
+
+
 def test_history_rows_as_parquet(store):
     states = chain(3)
     digest = digest_state(LAYOUT, states[0])
