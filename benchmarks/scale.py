@@ -581,8 +581,13 @@ def summarize(results: dict[str, Any], *, streams: int, lr: float, warmup: int, 
         extrapolated["activate_s"] = math.exp(act_fit[1]) * big.numel ** act_fit[0]
     if stage_fit is not None:
         extrapolated["stage_s"] = math.exp(stage_fit[1]) * big.numel ** stage_fit[0]
+    exponents = limit_exponents(measured)
+    extrapolated["limits"] = {path: {"seconds": math.exp(e["fit"][1]) * big.numel ** e["fit"][0],
+                                     e["ratio_key"]: math.exp(e["ratio_fit"][1]) * big.numel ** e["ratio_fit"][0]}
+                              for path, e in exponents.items() if "fit" in e and "ratio_fit" in e}
     return {
         "bench": "scale", "lr": lr, "warmup_steps": warmup, "streams": streams,
+        "exponents": {path: {k: v for k, v in e.items() if not k.endswith("fit")} for path, e in exponents.items()},
         "memory_budget_gib": budget_gib, "torch_threads": torch.get_num_threads(),
         "note": "publisher maps both versions from local files (RSS counts their resident pages); the actor "
                 "holds version 0 in anonymous memory",
@@ -597,6 +602,35 @@ def summarize(results: dict[str, Any], *, streams: int, lr: float, warmup: int, 
                          "ratio to the same run's plain scan (publish) or plain scatter_ (activate), plus 1",
         "extrapolated_qwen3_8b": extrapolated,
     }
+
+
+#: path → (its seconds, its ratio to the in-run baseline, whether the ratio is baseline ÷ path).
+LIMIT_PATHS: dict[str, tuple[str, str, bool]] = {
+    "publish": ("publish_s", "publish_vs_numpy_scan", False),
+    "encode": ("encode_1t_s", "encode_vs_numpy_scan", False),
+    "digest": ("digest_1t_s", "digest_vs_sha256", False),
+    "stage": ("stage_s", "stage_vs_scatter", False),
+    "snapshot_write": ("snapshot_write_s", "snapshot_write_vs_raw_put", True),
+    "snapshot_load": ("snapshot_load_s", "snapshot_load_vs_raw_get", True),
+}
+
+
+def limit_exponents(measured: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Growth exponents of each path over the measured sizes: raw (seconds ∝ params^k) and normalised to the
+    in-run baseline (1 + the exponent of path ÷ baseline: 1.0 grows exactly like the baseline, which is
+    linear in the bytes), with the fits kept for the extrapolation."""
+    out: dict[str, dict[str, Any]] = {}
+    for path, (key, ratio, inverse) in LIMIT_PATHS.items():
+        have = [r for r in measured if key in r and ratio in r]
+        if len(have) < 2 or len(have) != len(measured):
+            continue
+        ps = [float(r["params"]) for r in have]
+        fit = fit_exponent(ps, [r[key] for r in have])
+        rel = fit_exponent(ps, [r[ratio] for r in have])
+        assert fit is not None and rel is not None
+        out[path] = {"sizes": len(have), "raw": fit[0], "baseline_normalised": 1 - rel[0] if inverse else 1 + rel[0],
+                     "ratio_key": ratio, "fit": fit, "ratio_fit": rel}
+    return out
 
 
 def merge(outputs: list[dict[str, Any]]) -> dict[str, Any]:
