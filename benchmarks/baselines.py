@@ -24,6 +24,8 @@ import numba
 import numpy as np
 import torch
 
+from aurora_store.codec.layout import ModelLayout
+
 RAW_OBJECT_BYTES = 256 << 20
 
 
@@ -94,6 +96,22 @@ def read_s(arrays: Iterable[Any]) -> float:
     for w in words:
         _xor_words(w)
     return time.perf_counter() - t0
+
+
+def scatter_jobs(layout: ModelLayout, weights: dict[str, torch.Tensor],
+                 updates: Iterable[Any]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """``(storage, local indices, bits)`` per training tensor: the same writes as an activation, already cut at
+    the q/k/v and gate/up boundaries, so timing them is the floor — one ``scatter_`` per tensor."""
+    jobs = []
+    for update in updates:
+        tensor = layout[update.tensor]
+        for comp in tensor.components:
+            lo, hi = tensor.component_span(comp)
+            a, b = torch.searchsorted(update.indices, torch.tensor([lo, hi])).tolist()
+            if b > a:
+                storage = weights[comp.train_name].view(torch.int16).view(-1)
+                jobs.append((storage, update.indices[a:b] - lo, update.bits[a:b].clone()))
+    return jobs
 
 
 def scatter_s(jobs: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], repeats: int = 3) -> float:

@@ -282,22 +282,6 @@ def _publisher_limits(layout: ModelLayout, old: dict[str, torch.Tensor], new: di
     return out
 
 
-def _plain_scatter_jobs(layout: ModelLayout, weights: dict[str, torch.Tensor],
-                        updates) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """``(storage, local indices, bits)`` per training tensor: the same writes as an activation, already cut at
-    the q/k/v and gate/up boundaries, so timing them is the floor — one ``scatter_`` per tensor."""
-    jobs = []
-    for update in updates:
-        tensor = layout[update.tensor]
-        for comp in tensor.components:
-            lo, hi = tensor.component_span(comp)
-            a, b = torch.searchsorted(update.indices, torch.tensor([lo, hi])).tolist()
-            if b > a:
-                storage = weights[comp.train_name].view(torch.int16).view(-1)
-                jobs.append((storage, update.indices[a:b] - lo, update.bits[a:b].clone()))
-    return jobs
-
-
 def _role_actor(spec: dict[str, Any]) -> dict[str, Any]:
     """Staging (verify + decode + digest; no writes) and activation (the batch-boundary scatter) timed apart,
     as an actor does them apart (staging runs in the background while it generates). Staging is timed on
@@ -339,7 +323,7 @@ def _role_actor(spec: dict[str, Any]) -> dict[str, Any]:
     activate_s = [time.perf_counter() - t0]
     rss = _peak_rss_bytes()
     # Repeat both (same values: idempotent writes; the target is put back on the base to be activated again).
-    jobs = _plain_scatter_jobs(layout, weights, staged.updates)
+    jobs = baselines.scatter_jobs(layout, weights, staged.updates)
     scatter_s = []
     for _ in range(repeats):
         t0 = time.perf_counter()
