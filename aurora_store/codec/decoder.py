@@ -212,7 +212,8 @@ def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tupl
         for before, after in itertools.pairwise(chunks):
             if after.header.lo < before.header.hi:
                 raise CorruptSegmentError(f"chunks of {name} overlap")
-        indices = torch.cat([c.indices for c in chunks])
+        indices = chunks[0].indices if len(chunks) == 1 else \
+            torch.from_numpy(np.concatenate([c.indices.numpy() for c in chunks]))
         if indices.numel() != manifest.changed.get(name, 0):
             raise ManifestError(f"{name}: decoded {indices.numel()} changes, manifest says "
                                 f"{manifest.changed.get(name, 0)}")
