@@ -422,7 +422,8 @@ def _measure(name: str, config: dict[str, Any], *, server, streams: int, lr: flo
     spec: dict[str, Any] = {"config": config, "workdir": str(workdir), "lr": lr, "warmup": warmup, "seed": 0,
                             "streams": streams, "bucket_url": server.bucket_url(bucket),
                             "publish_buckets": [server.bucket_url(b) for b in [*spares, bucket]],
-                            "repeats": repeats, "shard_bytes": 1 << 30, "bucket": bucket,
+                            # Snapshot files the size of the raw baseline's objects: the same bytes, the same streams.
+                            "repeats": repeats, "shard_bytes": 256 << 20, "bucket": bucket,
                             "endpoint_url": server.endpoint_url}
     try:
         gen = _run_role("generate", spec, env, timeout)

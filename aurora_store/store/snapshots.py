@@ -23,9 +23,9 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from aurora_store.codec import jsondoc
-from aurora_store.codec.digest import WeightsDigest, digest_state
+from aurora_store.codec.digest import ZERO, WeightsDigest, digest_pieces
 from aurora_store.codec.document import SignedDocument
-from aurora_store.codec.layout import ModelLayout
+from aurora_store.codec.layout import ModelLayout, bits_view
 from aurora_store.codec.manifest import signature_of
 from aurora_store.errors import (
     DigestMismatchError,
@@ -274,18 +274,34 @@ def load_snapshot(store: DeltaStore, version: int, layout: ModelLayout, *,
     target_dir = Path(download_dir) if download_dir is not None else None
     if target_dir is not None:
         target_dir.mkdir(parents=True, exist_ok=True)
+    # Where each training tensor lies in its inference tensor: a file's share of the digest is hashed as soon
+    # as the file is in, while the other files are still downloading (the digest is a sum).
+    placed = {c.train_name: (t, c) for t in layout.tensors for c in t.components}
 
-    def fetch(entry: SnapshotFile) -> dict[str, torch.Tensor]:
+    def fetch(entry: SnapshotFile) -> tuple[dict[str, torch.Tensor], WeightsDigest]:
         data = read_snapshot_file(store, manifest, entry.name)
         if target_dir is not None:
             _atomic_write(target_dir / entry.name, data)
-        return load_safetensors(data) if entry.name in manifest.weight_files else {}
+        if entry.name not in manifest.weight_files:
+            return {}, ZERO
+        tensors = load_safetensors(data)
+        del data
+        pieces = []
+        for name, tensor in tensors.items() if verify_digest else ():
+            where = placed.get(name)
+            # Anything of the wrong shape or width is left to check_state below, which names the problem.
+            if where is not None and tensor.element_size() == 2 and \
+                    tuple(tensor.shape) == tuple(where[0].component_shape(where[1])):
+                pieces.append((where[0].name, where[0].component_span(where[1])[0], bits_view(tensor)))
+        return tensors, digest_pieces(pieces, threads=threads)
 
+    actual = ZERO
     with ThreadPoolExecutor(max_workers=streams, thread_name_prefix="aurora-snapshot") as pool:
-        for tensors in pool.map(fetch, manifest.files):
+        for tensors, share in pool.map(fetch, manifest.files):
             state.update(tensors)
+            actual = actual + share
     if verify_digest:
-        actual = digest_state(layout, state, threads=threads)
+        layout.check_state(state)
         if str(actual) != manifest.weights_digest:
             raise DigestMismatchError(f"snapshot {version} tensors hash to {actual}, manifest says "
                                       f"{manifest.weights_digest}")
