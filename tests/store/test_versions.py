@@ -180,6 +180,22 @@ def test_snapshot_over_parallel_streams_is_the_same_snapshot(store):
     assert store.snapshot_versions() == [6, 7]
 
 
+def test_snapshot_file_with_a_misshaped_tensor_is_refused_by_name(store):
+    # The file is intact (its SHA-256 is the manifest's) but one tensor has the wrong shape: a typed layout
+    # error naming the problem, not a digest mismatch or a crash in the per-file hashing.
+    from aurora_store.errors import LayoutError
+    from aurora_store.store.snapshots import create_snapshot_manifest, encode_weight_file, put_snapshot_file
+
+    state = random_state(LAYOUT, 5)
+    digest = digest_state(LAYOUT, state)
+    name = LAYOUT.train_names[1]
+    bad = dict(state, **{name: state[name].reshape(-1)[:-1].clone()})
+    entry = put_snapshot_file(store, 9, "model.safetensors", encode_weight_file(bad))
+    create_snapshot_manifest(store, 9, LAYOUT, digest, [entry], ["model.safetensors"])
+    with pytest.raises(LayoutError, match=name.split(".")[-2]):
+        load_snapshot(store, 9, LAYOUT, streams=2)
+
+
 def test_history_rows_as_parquet(store):
     states = chain(3)
     digest = digest_state(LAYOUT, states[0])
