@@ -140,11 +140,15 @@ _pool_lock = threading.Lock()
 _T = TypeVar("_T")
 
 
+_POOL_WORKERS = max(DEFAULT_THREADS, 8)  # any count up to 8 a caller asks for is honoured
+_POOL_PREFIX = "aurora-kernel"
+
+
 def _executor() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=max(DEFAULT_THREADS, 2), thread_name_prefix="aurora-kernel")
+            _pool = ThreadPoolExecutor(max_workers=_POOL_WORKERS, thread_name_prefix=_POOL_PREFIX)
         return _pool
 
 
@@ -157,14 +161,15 @@ def split(n: int, block: int | None = None) -> list[tuple[int, int]]:
 
 def run_blocks(fn: Callable[..., _T], tasks: Sequence[tuple], threads: int | None = None) -> list[_T]:
     """``[fn(*task) for task in tasks]``, in order, on up to ``threads`` threads (the kernels release the GIL).
-    One thread, or one task, runs in the caller's thread."""
+    One thread, one task, or a call from a pool thread runs in the caller's thread."""
     threads = DEFAULT_THREADS if threads is None else threads
     if threads < 1:
         raise ValueError(f"threads must be ≥ 1, not {threads}")
-    if threads == 1 or len(tasks) <= 1:
+    # A task that itself spreads blocks runs them inline: pool threads never wait on the pool (no deadlock).
+    if threads == 1 or len(tasks) <= 1 or threading.current_thread().name.startswith(_POOL_PREFIX):
         return [fn(*task) for task in tasks]
     pool = _executor()
-    if threads >= len(tasks) or threads >= pool._max_workers:
+    if threads >= len(tasks) or threads >= _POOL_WORKERS:
         return list(pool.map(lambda task: fn(*task), tasks))
     # At most ``threads`` at a time: each worker takes the next task until none is left.
     results: list[_T | None] = [None] * len(tasks)

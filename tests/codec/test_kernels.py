@@ -135,3 +135,13 @@ def test_index_and_value_streams_are_the_reference_bytes(n):
     steps = np.array([1, -1, 2, -2, 5, -(1 << 15), (1 << 15) - 1], dtype=np.int16)  # every class, wrap-around
     new = (old + rng.choice(steps, size=n)).astype(np.int16)
     assert kernels.delta16_values(old, new).tobytes() == encode_values(old, new, ValueTransform.DELTA16)
+
+
+def test_blocks_spread_from_inside_a_spread_task_run_inline():
+    # A task that spreads its own blocks (e.g. a digest inside a staged tensor) must not wait on the pool
+    # it runs in: with every worker busy that would never finish.
+    def outer(k: int) -> int:
+        return sum(kernels.run_blocks(lambda a, b: a * b, [(k, j) for j in range(5)], threads=8))
+
+    assert kernels.run_blocks(outer, [(k,) for k in range(20)], threads=8) == [10 * k for k in range(20)]
+    assert kernels.run_blocks(outer, [(k,) for k in range(20)], threads=3) == [10 * k for k in range(20)]
