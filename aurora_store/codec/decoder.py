@@ -171,7 +171,8 @@ def decode_segment(layout: ModelLayout, codec: CodecParams, ref: SegmentRef, dat
         local = np.cumsum(gaps.astype(np.int64))
         if int(local[-1]) >= span:
             raise CorruptSegmentError(f"chunk {header.tensor}: index out of range")
-        indices = torch.from_numpy(local) + header.lo
+        local += header.lo  # in place, in numpy: no intra-op thread pool for a one-pass add
+        indices = torch.from_numpy(local)
         if check_values:
             decode_values(np.zeros(header.count, dtype=np.int16), value_raw, header.count, header.value_transform)
         out.append(DecodedChunk(header.tensor, indices, value_raw, header))

@@ -179,10 +179,17 @@ class TensorTarget:
         spans = self._pieces[name]
         if len(spans) == 1:
             return [(spans[0], indices, slice(None))]
-        # indices are sorted: cut them at the piece boundaries.
+        # indices are sorted: cut them at the piece boundaries (host indices with numpy: one thread per pass).
+        out = []
+        if indices.device.type == "cpu":
+            flat = indices.numpy()
+            cuts = [0, *np.searchsorted(flat, [p.lo for p in spans[1:]]).tolist(), flat.size]
+            for piece, a, b in zip(spans, cuts[:-1], cuts[1:]):
+                if b > a:
+                    out.append((piece, torch.from_numpy(flat[a:b] - piece.lo), slice(a, b)))
+            return out
         bounds = torch.tensor([p.lo for p in spans[1:]], dtype=indices.dtype, device=indices.device)
         cuts = [0, *torch.searchsorted(indices, bounds).tolist(), indices.numel()]
-        out = []
         for piece, a, b in zip(spans, cuts[:-1], cuts[1:]):
             if b > a:
                 out.append((piece, indices[a:b] - piece.lo, slice(a, b)))
