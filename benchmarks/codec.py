@@ -1,14 +1,19 @@
 """``python -m benchmarks codec``: encoding size and speed on realistic Adam-step deltas.
 
-Every time is reported next to the time of a plain ``ne`` + ``nonzero`` scan of the same tensors measured
-in the same run, because these machines are shared and absolute seconds are noisy.
+Every time is reported next to a baseline at the machine's limit measured in the same run on the same bytes
+(:mod:`benchmarks.baselines`: the numpy compare scan, SHA-256, a bare ``index_put_``, a streaming read),
+because these machines are shared and absolute seconds are noisy. The older ratios to a ``torch.ne`` +
+``nonzero`` scan stay, named as such (``scan_s``, ``*_vs_scan``). Snapshot write / load against raw PUT /
+GET need an S3 server: the scale benchmark measures them.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
+import uuid
 from typing import Any
 
 import torch
@@ -35,8 +40,8 @@ def _scan(layout: ModelLayout, old, new) -> float:
     return time.perf_counter() - t0
 
 
-def _encode(layout, old, new, params, base_digest):
-    encoder = DeltaEncoder(layout, params)
+def _encode(layout, old, new, params, base_digest, threads: int = 1):
+    encoder = DeltaEncoder(layout, params, encode_threads=threads)
     t0 = time.perf_counter()
     segments = list(encoder.segments(pieces_from_states(layout, old, new)))
     elapsed = time.perf_counter() - t0
@@ -72,12 +77,13 @@ def run(config: dict[str, Any] | None = None, lr: float = 1e-6, warmup: int = 4,
         target = TensorTarget.from_state(layout, {k: v.clone() for k, v in old.items()}, version=0,
                                          digest=base_digest)
         t0 = time.perf_counter()
-        staged = stage(manifest, blobs, target)
+        staged = stage(manifest, blobs, target, threads=1)
         stage_s = time.perf_counter() - t0
         activate(staged, target)
         applies.append((time.perf_counter() - t0, stage_s))
     exact = all(torch.equal(a, b)
                 for (_, _, a), (_, _, b) in zip(layout.pieces(_train_view(layout, target)), layout.pieces(new)))
+    limits = _limits(layout, old, new, params, base_digest, manifest, blobs, repeats)
 
     plain = CodecParams(segment_bytes=segment_bytes, entropy="none")
     _, _, plain_summary, plain_elapsed = _encode(layout, old, new, plain, base_digest)
@@ -123,7 +129,79 @@ def run(config: dict[str, Any] | None = None, lr: float = 1e-6, warmup: int = 4,
         "compression_vs_full": layout.nbytes / (summary.segment_bytes + manifest_bytes),
         "bit_exact": exact,
         "torch_threads": torch.get_num_threads(),
+        **limits,
+        "encode_vs_numpy_scan": limits["encode_1t_s"] / limits["scan_numpy_s"],
+        "ns_per_element": {k: 1e9 * limits[f"{k}_s"] / layout.numel
+                           for k in ("scan_numpy", "encode_1t", "digest_1t", "sha256", "read_both")},
+        "ns_per_changed": {k: 1e9 * limits[f"{k}_s"] / changed for k in ("encode_1t", "stage_1t", "scatter_baseline")},
     }
+
+
+def _limits(layout: ModelLayout, old, new, params: CodecParams, base_digest, manifest: DeltaManifest,
+            blobs: dict[str, bytes], repeats: int) -> dict[str, Any]:
+    """The paths at 1 and 2 threads against the baselines at the limit on the same bytes, best of ``repeats``."""
+    from aurora_store.codec import kernels
+    from aurora_store.codec.digest import digest_state
+    from aurora_store.config import TransferSettings
+    from aurora_store.store.publisher import VersionPublisher
+    from aurora_store.store.versions import DeltaStore
+    from benchmarks import baselines
+
+    pairs = [(a, b) for (_, _, a), (_, _, b) in zip(layout.pieces(old), layout.pieces(new))]
+    news = [b for _, b in pairs]
+
+    def best(fn) -> float:
+        return min(fn() for _ in range(repeats))
+
+    def timed(fn) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    target = TensorTarget.from_state(layout, {k: v.clone() for k, v in old.items()}, version=0,
+                                     digest=base_digest)
+    staged = stage(manifest, blobs, target)
+    # The scatter baseline writes into its own copy: the target stays on the base, to be staged against.
+    jobs = baselines.scatter_jobs(layout, {k: v.clone() for k, v in old.items()}, staged.updates)
+    publish_threads = kernels.DEFAULT_THREADS
+
+    def publish() -> float:
+        store = DeltaStore(f"memory://codec-bench-{uuid.uuid4().hex[:8]}", TransferSettings(streams=4), create=True)
+        publisher = VersionPublisher(store, layout, params, streams=4, record_history=False)
+        return timed(lambda: publisher.publish(1, 0, base_digest, pieces_from_states(layout, old, new)))
+
+    out: dict[str, Any] = {
+        "scan_numpy_s": best(lambda: baselines.numpy_scan_s(pairs)),
+        "scan_numpy_publish_threads_s": best(lambda: baselines.numpy_scan_s(pairs, threads=publish_threads)),
+        "sha256_s": best(lambda: baselines.sha256_s(news)),
+        "read_both_s": best(lambda: baselines.read_s([a for a, _ in pairs] + news)),
+        "scatter_baseline_s": baselines.scatter_s(jobs, repeats),
+        "publish_memory_bucket_s": best(publish),
+    }
+    for t in (1, 2):
+        def encode(t: int = t) -> float:
+            return _encode(layout, old, new, params, base_digest, t)[3]
+
+        def digest(t: int = t) -> float:
+            return timed(lambda: digest_state(layout, new, threads=t))
+
+        def staging(t: int = t) -> float:
+            return timed(lambda: stage(manifest, blobs, target, threads=t))
+
+        out[f"encode_{t}t_s"], out[f"digest_{t}t_s"], out[f"stage_{t}t_s"] = best(encode), best(digest), best(staging)
+    out.update({
+        "publish_vs_numpy_scan": out["publish_memory_bucket_s"] / out["scan_numpy_publish_threads_s"],
+        "digest_vs_sha256": out["digest_1t_s"] / out["sha256_s"],
+        "stage_vs_scatter": out["stage_1t_s"] / out["scatter_baseline_s"],
+        "snapshot_write_vs_raw_put": None, "snapshot_load_vs_raw_get": None,
+        "snapshot_note": "measured by `python -m benchmarks scale` against a real S3 server",
+        "read_gb_per_s": 4 * layout.numel / out["read_both_s"] / 1e9,
+        "threads": {"cores": os.cpu_count(), "baselines": 1, "paths": 1, "publish": publish_threads,
+                    "scan_numpy_for_publish": publish_threads,
+                    "speedup_2_threads": {k: out[f"{k}_1t_s"] / out[f"{k}_2t_s"]
+                                          for k in ("encode", "digest", "stage")}},
+    })
+    return out
 
 
 def _train_view(layout: ModelLayout, target: WeightTarget) -> dict[str, torch.Tensor]:

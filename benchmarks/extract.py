@@ -26,6 +26,7 @@ import torch
 from aurora_store.codec import CodecParams, ModelLayout
 from aurora_store.codec.digest import ZERO, WeightsDigest
 from aurora_store.codec.sharding import DeltaPart, LocalRows, even_rows, row_pieces, rows_digest
+from benchmarks import baselines
 from benchmarks.synthetic import QWEN3_BENCH_CONFIG, AdamSimulator
 
 #: Qwen3-8B (36 layers, hidden 4096, 32/8 heads of 128, MLP 12288, vocab 151936, untied).
@@ -100,9 +101,12 @@ def _rank_main(rank: int, world: int, spec: dict[str, Any]) -> None:
             new = cast(masters[version])
             cast_s = time.perf_counter() - t0
             part, upload = publisher.upload_part(row_pieces(layout, published, new))
+            rank_s, rank_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+            # The baseline at the limit, on this rank's same rows, after the timed step: the numpy compare scan.
+            scan_s = baselines.numpy_scan_s([(p.old, p.new) for p in row_pieces(layout, published, new)])
             mine = {"part": part.to_json(), "cast_s": cast_s, "encode_s": upload.encode_s,
-                    "upload_s": upload.upload_s, "rank_s": time.perf_counter() - t0,
-                    "rank_cpu_s": time.process_time() - c0, "rows_elements": part.elements,
+                    "upload_s": upload.upload_s, "rank_s": rank_s, "rank_cpu_s": rank_cpu_s,
+                    "scan_numpy_s": scan_s, "rows_elements": part.elements,
                     "segment_bytes": upload.segment_bytes}
             gathered: list[str | None] | None = [None] * world if rank == 0 else None
             text = json.dumps(mine)
@@ -120,6 +124,7 @@ def _rank_main(rank: int, world: int, spec: dict[str, Any]) -> None:
                 steps.append({"wall_s": wall, "metadata_bytes": sum(len(t) for t in gathered),
                               "changed": report.manifest.changed_total, "delta_bytes": report.total_bytes,
                               "ranks": [{k: d[k] for k in ("cast_s", "encode_s", "upload_s", "rank_s", "rank_cpu_s",
+                                                           "scan_numpy_s",
                                                            "rows_elements", "segment_bytes")} for d in docs]})
         if rank == 0:
             Path(spec["result"]).write_text(json.dumps(steps))
@@ -148,6 +153,11 @@ def _summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
         "rank_cast_s": [statistics.median(s["ranks"][r]["cast_s"] for s in steps) for r in range(ranks)],
         "rank_encode_s": [statistics.median(s["ranks"][r]["encode_s"] for s in steps) for r in range(ranks)],
         "rank_upload_s": [statistics.median(s["ranks"][r]["upload_s"] for s in steps) for r in range(ranks)],
+        "rank_scan_numpy_s": [statistics.median(s["ranks"][r]["scan_numpy_s"] for s in steps) for r in range(ranks)],
+        # Each rank's encode (one torch thread, the host kernels' default threads) ÷ a one-thread numpy scan of
+        # the same rows in the same step.
+        "rank_encode_vs_numpy_scan": [statistics.median(s["ranks"][r]["encode_s"] / s["ranks"][r]["scan_numpy_s"]
+                                                        for s in steps) for r in range(ranks)],
         "rank_elements": elements,
         "rank_elements_per_s": [e / t for e, t in zip(elements, per_rank)],
         "rank_cpu_s": cpu,

@@ -230,7 +230,9 @@ def _role_publish(spec: dict[str, Any]) -> dict[str, Any]:
         ratios.append(publishes[-1] / scans[-1])
     assert report is not None
     manifest = report.manifest
-    return {"new_digest": manifest.weights_digest, "publish_s": min(publishes),
+    limits = _publisher_limits(layout, old, new, spec.get("repeats", 3))
+    rss.end("limits")
+    return {**limits, "new_digest": manifest.weights_digest, "publish_s": min(publishes),
             "publish_median_s": float(np.median(publishes)), "publish_all_s": publishes,
             "encode_s": min(encodes), "upload_s": report.upload_s,
             "scan_s": min(scans), "scan_median_s": float(np.median(scans)),
@@ -243,29 +245,62 @@ def _role_publish(spec: dict[str, Any]) -> dict[str, Any]:
             "resident_after_warmup_rss": resident, "phase_peak_rss": rss.phases}
 
 
-def _plain_scatter_jobs(layout: ModelLayout, weights: dict[str, torch.Tensor],
-                        updates) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """``(storage, local indices, bits)`` per training tensor: the same writes as an activation, already cut at
-    the q/k/v and gate/up boundaries, so timing them is the floor — one ``scatter_`` per tensor."""
-    jobs = []
-    for update in updates:
-        tensor = layout[update.tensor]
-        for comp in tensor.components:
-            lo, hi = tensor.component_span(comp)
-            a, b = torch.searchsorted(update.indices, torch.tensor([lo, hi])).tolist()
-            if b > a:
-                storage = weights[comp.train_name].view(torch.int16).view(-1)
-                jobs.append((storage, update.indices[a:b] - lo, update.bits[a:b].clone()))
-    return jobs
+def _publisher_limits(layout: ModelLayout, old: dict[str, torch.Tensor], new: dict[str, torch.Tensor],
+                      repeats: int) -> dict[str, Any]:
+    """The publisher's paths at 1 and 2 threads and the baselines at the limit on the same bytes, best of
+    ``repeats`` each: the numpy scan (1 thread, and at the publisher's thread count), SHA-256 of the new
+    version, a streaming read of both versions; host encode (extraction + segments, no upload) and the
+    from-scratch digest."""
+    from aurora_store.codec import kernels
+    from aurora_store.codec.digest import digest_state
+    from aurora_store.codec.encoder import DeltaEncoder, pieces_from_states
+    from aurora_store.codec.params import CodecParams
+    from benchmarks import baselines
+
+    pairs = [(a, b) for (_, _, a), (_, _, b) in zip(layout.pieces(old), layout.pieces(new))]
+    news = [b for _, b in pairs]
+
+    def best(fn) -> float:
+        return min(fn() for _ in range(repeats))
+
+    def encode_s(threads: int) -> float:
+        t0 = time.perf_counter()
+        for _ in DeltaEncoder(layout, CodecParams(), encode_threads=threads).segments(
+                pieces_from_states(layout, old, new)):
+            pass
+        return time.perf_counter() - t0
+
+    def digest_s(threads: int) -> float:
+        t0 = time.perf_counter()
+        digest_state(layout, new, threads=threads)
+        return time.perf_counter() - t0
+
+    publish_threads = kernels.DEFAULT_THREADS
+    out: dict[str, Any] = {
+        "scan_numpy_s": best(lambda: baselines.numpy_scan_s(pairs, MASK_BLOCK)),
+        "scan_numpy_publish_threads_s": best(lambda: baselines.numpy_scan_s(pairs, MASK_BLOCK,
+                                                                            threads=publish_threads)),
+        "sha256_s": best(lambda: baselines.sha256_s(news)),
+        "read_both_s": best(lambda: baselines.read_s([a for a, _ in pairs] + news)),
+        "publish_threads": publish_threads,
+    }
+    for threads in (1, 2):
+        out[f"encode_{threads}t_s"] = best(lambda t=threads: encode_s(t))  # type: ignore[misc]
+        out[f"digest_{threads}t_s"] = best(lambda t=threads: digest_s(t))  # type: ignore[misc]
+    return out
 
 
 def _role_actor(spec: dict[str, Any]) -> dict[str, Any]:
-    """Staging (fetch + verify + decode + digest; no writes) and activation (the batch-boundary scatter) timed
-    apart, as an actor does them apart (staging runs in the background while it generates); activation is
-    judged against a plain ``scatter_`` of the same indices into the same tensors."""
-    from aurora_store.codec.decoder import activate
+    """Staging (verify + decode + digest; no writes) and activation (the batch-boundary scatter) timed apart,
+    as an actor does them apart (staging runs in the background while it generates). Staging is timed on
+    segments already in memory (fetch is timed apart), at 1 and 2 threads, and judged against a bare
+    ``index_put_`` / ``scatter_`` of the same indices and values into the same tensors; the follower's own
+    fetch + stage is kept as ``fetch_stage_s``."""
+    from aurora_store.codec.decoder import activate, stage
     from aurora_store.codec.target import TensorTarget
     from aurora_store.follow import BucketChain, Follower, Step
+    from aurora_store.store.transfer import fetch_segments
+    from benchmarks import baselines
 
     layout = ModelLayout.from_config(spec["config"])
     workdir = Path(spec["workdir"])
@@ -277,15 +312,28 @@ def _role_actor(spec: dict[str, Any]) -> dict[str, Any]:
     follower.attach(target)
     t0 = time.perf_counter()
     staged = follower.stage(Step(1))
-    stage_s = time.perf_counter() - t0
+    fetch_stage_s = time.perf_counter() - t0
+    repeats = spec.get("repeats", 3)
+    manifest = store.manifest(1)
+    fetches = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        blobs = {ref.digest: data for ref, data in fetch_segments(store, manifest.segments, streams=spec["streams"])}
+        fetches.append(time.perf_counter() - t0)
+    stage_s: dict[int, float] = {}
+    for threads in (1, 2):
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            stage(manifest, blobs, target, threads=threads)
+            stage_s[threads] = min(stage_s.get(threads, float("inf")), time.perf_counter() - t0)
     t0 = time.perf_counter()
     activate(staged, target)
     activate_s = [time.perf_counter() - t0]
     rss = _peak_rss_bytes()
     # Repeat both (same values: idempotent writes; the target is put back on the base to be activated again).
-    jobs = _plain_scatter_jobs(layout, weights, staged.updates)
+    jobs = baselines.scatter_jobs(layout, weights, staged.updates)
     scatter_s = []
-    for _ in range(spec.get("repeats", 3)):
+    for _ in range(repeats):
         t0 = time.perf_counter()
         for storage, local, bits in jobs:
             storage.scatter_(0, local, bits)
@@ -294,26 +342,32 @@ def _role_actor(spec: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
         activate(staged, target)
         activate_s.append(time.perf_counter() - t0)
-    # Where the staging time goes, re-measured piece by piece (fetch alone; the digest work of staging:
-    # hashing old and new bits at every changed index).
-    from aurora_store.codec.digest import hash_elements
-    from aurora_store.store.transfer import fetch_segments
-
-    t0 = time.perf_counter()
-    fetched = sum(len(data) for _, data in fetch_segments(store, store.manifest(1).segments,
-                                                          streams=spec["streams"]))
-    fetch_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for update in staged.updates:
-        hash_elements(update.tensor, update.indices, update.bits)
-    digest_s = 2 * (time.perf_counter() - t0)
+    index_put_s = baselines.scatter_s(jobs, repeats)
     new = _open_version(workdir, layout, "new", in_memory=False)
     exact = all(torch.equal(weights[k].view(torch.int16), new[k].view(torch.int16)) for k in weights)
-    return {"stage_s": stage_s, "activate_s": min(activate_s), "first_activate_s": activate_s[0],
-            "scatter_s": min(scatter_s), "bit_exact": exact,
-            "fetch_s": fetch_s, "fetched_bytes": fetched, "digest_s": digest_s,
+    return {"stage_s": stage_s[1], "stage_2t_s": stage_s[2], "fetch_stage_s": fetch_stage_s,
+            "activate_s": min(activate_s), "first_activate_s": activate_s[0],
+            "scatter_s": min(scatter_s), "index_put_s": index_put_s, "bit_exact": exact,
+            "fetch_s": min(fetches), "fetched_bytes": sum(len(b) for b in blobs.values()),
             "staged_bytes": sum(u.indices.numel() * 8 + u.bits.numel() * 2 for u in staged.updates),
             "peak_rss": rss}
+
+
+def _role_raw_baseline(spec: dict[str, Any]) -> dict[str, Any]:
+    """boto3 PUT / GET of the new version's bytes (256 MiB objects, the same streams, the same server)."""
+    import boto3
+
+    from benchmarks import baselines
+
+    path = Path(spec["workdir"]) / "new.bin"
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    client = boto3.client("s3", endpoint_url=spec["endpoint_url"])
+    best: dict[str, float] = {}
+    for _ in range(spec.get("repeats", 3)):
+        got = baselines.raw_put_get(client, spec["bucket"], [data], streams=spec["streams"])
+        for key, value in got.items():
+            best[key] = min(best.get(key, float("inf")), value)
+    return best
 
 
 def _role_snapshot_write(spec: dict[str, Any]) -> dict[str, Any]:
@@ -324,7 +378,7 @@ def _role_snapshot_write(spec: dict[str, Any]) -> dict[str, Any]:
     store = _store(spec)
     t0 = time.perf_counter()
     manifest = write_snapshot(store, 1, new, layout, WeightsDigest.parse(spec["new_digest"]),
-                              shard_bytes=spec["shard_bytes"])
+                              shard_bytes=spec["shard_bytes"], streams=spec["streams"])
     return {"snapshot_write_s": time.perf_counter() - t0, "snapshot_bytes": manifest.total_bytes,
             "peak_rss": _peak_rss_bytes()}
 
@@ -335,11 +389,12 @@ def _role_snapshot_load(spec: dict[str, Any]) -> dict[str, Any]:
     layout = ModelLayout.from_config(spec["config"])
     store = _store(spec)
     t0 = time.perf_counter()
-    state, _ = load_snapshot(store, 1, layout)  # verifies every file's SHA-256 and the weights digest
+    state, _ = load_snapshot(store, 1, layout, streams=spec["streams"])  # checks every file's SHA-256, the digest
     return {"snapshot_load_s": time.perf_counter() - t0, "tensors": len(state), "peak_rss": _peak_rss_bytes()}
 
 
 ROLES = {"generate": _role_generate, "publish": _role_publish, "actor": _role_actor,
+         "raw_baseline": _role_raw_baseline,
          "snapshot_write": _role_snapshot_write, "snapshot_load": _role_snapshot_load}
 
 
@@ -375,7 +430,9 @@ def _measure(name: str, config: dict[str, Any], *, server, streams: int, lr: flo
     spec: dict[str, Any] = {"config": config, "workdir": str(workdir), "lr": lr, "warmup": warmup, "seed": 0,
                             "streams": streams, "bucket_url": server.bucket_url(bucket),
                             "publish_buckets": [server.bucket_url(b) for b in [*spares, bucket]],
-                            "repeats": repeats, "shard_bytes": 1 << 30}
+                            # Snapshot files the size of the raw baseline's objects: the same bytes, the same streams.
+                            "repeats": repeats, "shard_bytes": 256 << 20, "bucket": bucket,
+                            "endpoint_url": server.endpoint_url}
     try:
         gen = _run_role("generate", spec, env, timeout)
         spec.update(old_digest=gen["old_digest"])
@@ -383,12 +440,14 @@ def _measure(name: str, config: dict[str, Any], *, server, streams: int, lr: flo
         spec.update(new_digest=pub["new_digest"])  # the snapshot loader checks the files hash to it
         act = _run_role("actor", spec, env, timeout)
         (workdir / "old.bin").unlink()
+        raw = _run_role("raw_baseline", spec, env, timeout)
         snap_w = _run_role("snapshot_write", spec, env, timeout)
         snap_l = _run_role("snapshot_load", spec, env, timeout)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     changed = pub["changed"]
     return {
+        **_limits(layout.numel, changed, pub, act, raw, snap_w, snap_l),
         "params": layout.numel, "density": changed / layout.numel, "changed": changed,
         "bytes_per_changed": pub["delta_bytes"] / changed if changed else None,
         "delta_bytes": pub["delta_bytes"], "full_bytes": model_bytes,
@@ -399,11 +458,10 @@ def _measure(name: str, config: dict[str, Any], *, server, streams: int, lr: flo
         "publish_vs_scan": pub["publish_s"] / pub["scan_s"], "publish_vs_scan_median": pub["publish_vs_scan_median"],
         # Staging (background, while generating) and activation (at a batch boundary) apart; the old combined
         # figure stays as fetch_stage_activate_s.
-        "stage_s": act["stage_s"], "stage_vs_scatter": act["stage_s"] / act["scatter_s"],
+        "stage_s": act["stage_s"], "fetch_stage_s": act["fetch_stage_s"], "actor_fetch_s": act["fetch_s"],
         "activate_s": act["activate_s"], "scatter_s": act["scatter_s"],
         "activate_vs_scatter": act["activate_s"] / act["scatter_s"], "first_activate_s": act["first_activate_s"],
-        "fetch_stage_activate_s": act["stage_s"] + act["first_activate_s"], "bit_exact": act["bit_exact"],
-        "actor_fetch_s": act["fetch_s"], "actor_digest_s": act["digest_s"],
+        "fetch_stage_activate_s": act["fetch_stage_s"] + act["first_activate_s"], "bit_exact": act["bit_exact"],
         "actor_staged_bytes": act["staged_bytes"],
         "snapshot_write_s": snap_w["snapshot_write_s"], "snapshot_load_s": snap_l["snapshot_load_s"],
         "snapshot_bytes": snap_w["snapshot_bytes"],
@@ -420,6 +478,40 @@ def _measure(name: str, config: dict[str, Any], *, server, streams: int, lr: flo
         "generator_peak_rss_vs_model": gen["peak_rss"] / model_bytes,
         "generate_s": gen["generate_s"],
         **(density_split(layout, pub["changed_by_tensor"], gen["expert_tally"]) if is_moe(config) else {}),
+    }
+
+
+def _limits(params: int, changed: int, pub: dict[str, Any], act: dict[str, Any], raw: dict[str, Any],
+            snap_w: dict[str, Any], snap_l: dict[str, Any]) -> dict[str, Any]:
+    """Each path against its baseline at the limit, measured in the same run (see :mod:`benchmarks.baselines`).
+    Time ratios (path ÷ baseline, lower is better) except the snapshot ones, which are throughput fractions
+    (raw seconds ÷ snapshot seconds: 1.0 is as fast as raw PUT / GET of the same bytes, higher is better)."""
+    scan = pub["scan_numpy_s"]
+    scatter = min(act["scatter_s"], act["index_put_s"])
+    return {
+        "scan_numpy_s": scan, "scan_numpy_publish_threads_s": pub["scan_numpy_publish_threads_s"],
+        "scan_torch_s": pub["scan_s"], "sha256_s": pub["sha256_s"], "read_both_s": pub["read_both_s"],
+        "read_gb_per_s": 4 * params / pub["read_both_s"] / 1e9,
+        "scatter_baseline_s": scatter, "index_put_s": act["index_put_s"],
+        "raw_put_s": raw["raw_put_s"], "raw_get_s": raw["raw_get_s"],
+        # The publisher encodes on publish_threads threads; its scan baseline runs on as many.
+        "publish_vs_numpy_scan": pub["publish_s"] / pub["scan_numpy_publish_threads_s"],
+        "encode_1t_s": pub["encode_1t_s"], "encode_2t_s": pub["encode_2t_s"],
+        "encode_vs_numpy_scan": pub["encode_1t_s"] / scan,
+        "digest_1t_s": pub["digest_1t_s"], "digest_2t_s": pub["digest_2t_s"],
+        "digest_vs_sha256": pub["digest_1t_s"] / pub["sha256_s"],
+        "stage_2t_s": act["stage_2t_s"], "stage_vs_scatter": act["stage_s"] / scatter,
+        "snapshot_write_vs_raw_put": raw["raw_put_s"] / snap_w["snapshot_write_s"],
+        "snapshot_load_vs_raw_get": raw["raw_get_s"] / snap_l["snapshot_load_s"],
+        "ns_per_element": {"scan_numpy": 1e9 * scan / params, "encode": 1e9 * pub["encode_1t_s"] / params,
+                           "digest": 1e9 * pub["digest_1t_s"] / params, "sha256": 1e9 * pub["sha256_s"] / params,
+                           "read_both": 1e9 * pub["read_both_s"] / params},
+        "ns_per_changed": {"encode": 1e9 * pub["encode_1t_s"] / changed, "stage": 1e9 * act["stage_s"] / changed,
+                           "scatter": 1e9 * scatter / changed} if changed else None,
+        "threads": {"cores": os.cpu_count(), "baselines": 1, "paths": 1, "publish": pub["publish_threads"],
+                    "speedup_2_threads": {"encode": pub["encode_1t_s"] / pub["encode_2t_s"],
+                                          "digest": pub["digest_1t_s"] / pub["digest_2t_s"],
+                                          "stage": act["stage_s"] / act["stage_2t_s"]}},
     }
 
 
@@ -483,8 +575,13 @@ def summarize(results: dict[str, Any], *, streams: int, lr: float, warmup: int, 
         extrapolated["activate_s"] = math.exp(act_fit[1]) * big.numel ** act_fit[0]
     if stage_fit is not None:
         extrapolated["stage_s"] = math.exp(stage_fit[1]) * big.numel ** stage_fit[0]
+    exponents = limit_exponents(measured)
+    extrapolated["limits"] = {path: {"seconds": math.exp(e["fit"][1]) * big.numel ** e["fit"][0],
+                                     e["ratio_key"]: math.exp(e["ratio_fit"][1]) * big.numel ** e["ratio_fit"][0]}
+                              for path, e in exponents.items() if "fit" in e and "ratio_fit" in e}
     return {
         "bench": "scale", "lr": lr, "warmup_steps": warmup, "streams": streams,
+        "exponents": {path: {k: v for k, v in e.items() if not k.endswith("fit")} for path, e in exponents.items()},
         "memory_budget_gib": budget_gib, "torch_threads": torch.get_num_threads(),
         "note": "publisher maps both versions from local files (RSS counts their resident pages); the actor "
                 "holds version 0 in anonymous memory",
@@ -499,6 +596,35 @@ def summarize(results: dict[str, Any], *, streams: int, lr: float, warmup: int, 
                          "ratio to the same run's plain scan (publish) or plain scatter_ (activate), plus 1",
         "extrapolated_qwen3_8b": extrapolated,
     }
+
+
+#: path → (its seconds, its ratio to the in-run baseline, whether the ratio is baseline ÷ path).
+LIMIT_PATHS: dict[str, tuple[str, str, bool]] = {
+    "publish": ("publish_s", "publish_vs_numpy_scan", False),
+    "encode": ("encode_1t_s", "encode_vs_numpy_scan", False),
+    "digest": ("digest_1t_s", "digest_vs_sha256", False),
+    "stage": ("stage_s", "stage_vs_scatter", False),
+    "snapshot_write": ("snapshot_write_s", "snapshot_write_vs_raw_put", True),
+    "snapshot_load": ("snapshot_load_s", "snapshot_load_vs_raw_get", True),
+}
+
+
+def limit_exponents(measured: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Growth exponents of each path over the measured sizes: raw (seconds ∝ params^k) and normalised to the
+    in-run baseline (1 + the exponent of path ÷ baseline: 1.0 grows exactly like the baseline, which is
+    linear in the bytes), with the fits kept for the extrapolation."""
+    out: dict[str, dict[str, Any]] = {}
+    for path, (key, ratio, inverse) in LIMIT_PATHS.items():
+        have = [r for r in measured if key in r and ratio in r]
+        if len(have) < 2 or len(have) != len(measured):
+            continue
+        ps = [float(r["params"]) for r in have]
+        fit = fit_exponent(ps, [r[key] for r in have])
+        rel = fit_exponent(ps, [r[ratio] for r in have])
+        assert fit is not None and rel is not None
+        out[path] = {"sizes": len(have), "raw": fit[0], "baseline_normalised": 1 - rel[0] if inverse else 1 + rel[0],
+                     "ratio_key": ratio, "fit": fit, "ratio_fit": rel}
+    return out
 
 
 def merge(outputs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from aurora_store.codec.decoder import (
     decode_segment,
     verify_segment,
 )
-from aurora_store.codec.digest import WeightsDigest, hash_elements
+from aurora_store.codec.digest import WeightsDigest, hash_change
 from aurora_store.codec.manifest import ChunkRef, DeltaManifest, SegmentRef
 from aurora_store.codec.params import CodecParams
 from aurora_store.codec.segment import unpack
@@ -80,8 +80,7 @@ class AheadStager:
         for chunk, old in zip(chunks, olds):
             new = torch.empty_like(old)
             new.numpy()[:] = decode_values(old.numpy(), chunk.values, chunk.header.count, codec.value_transform)
-            delta = delta + hash_elements(chunk.tensor, chunk.indices, new) - hash_elements(chunk.tensor,
-                                                                                           chunk.indices, old)
+            delta = delta + hash_change(chunk.tensor, chunk.indices, old, new)
             bits.append(new)
         return _Decoded(ref, data, chunks, tuple(bits), delta)
 

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 import zstandard
 
-from aurora_store.codec import leb128
-from aurora_store.codec.digest import WeightsDigest, hash_elements
+from aurora_store.codec import kernels, leb128
+from aurora_store.codec.digest import WeightsDigest, hash_change
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.manifest import ChunkRef, DeltaManifest, SegmentRef
 from aurora_store.codec.params import CodecParams
@@ -171,7 +171,8 @@ def decode_segment(layout: ModelLayout, codec: CodecParams, ref: SegmentRef, dat
         local = np.cumsum(gaps.astype(np.int64))
         if int(local[-1]) >= span:
             raise CorruptSegmentError(f"chunk {header.tensor}: index out of range")
-        indices = torch.from_numpy(local) + header.lo
+        local += header.lo  # in place, in numpy: no intra-op thread pool for a one-pass add
+        indices = torch.from_numpy(local)
         if check_values:
             decode_values(np.zeros(header.count, dtype=np.int16), value_raw, header.count, header.value_transform)
         out.append(DecodedChunk(header.tensor, indices, value_raw, header))
@@ -179,54 +180,66 @@ def decode_segment(layout: ModelLayout, codec: CodecParams, ref: SegmentRef, dat
 
 
 def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tuple[SegmentRef, bytes]],
-          target: WeightTarget) -> StagedDelta:
+          target: WeightTarget, *, threads: int | None = None) -> StagedDelta:
     """Verify and decode a delta against ``target`` without modifying it.
 
     ``segments`` maps segment digests to bytes, or yields ``(ref, bytes)`` pairs in any order (e.g. as they
-    arrive from parallel downloads).
+    arrive from parallel downloads). Segments are verified and decoded, and tensors' values decoded and
+    hashed, on up to ``threads`` threads (SHA-256, zstd and the compiled kernels release the GIL); the
+    result does not depend on the count.
     """
     check_applicable(manifest, target)
     decoded: dict[str, list[DecodedChunk]] = {}
     seen: set[str] = set()
     wanted = {ref.digest: ref for ref in manifest.segments}
     pairs = ((wanted.get(d), b) for d, b in segments.items()) if isinstance(segments, Mapping) else segments
+    todo = []
     for ref, data in pairs:
         if ref is None or ref.digest not in wanted:
             continue
         if ref.digest in seen:
             continue
         seen.add(ref.digest)
-        for chunk in decode_segment(target.layout, manifest.codec, wanted[ref.digest], data):
-            decoded.setdefault(chunk.tensor, []).append(chunk)
+        todo.append((target.layout, manifest.codec, wanted[ref.digest], data))
     missing = set(wanted) - seen
     if missing:
         raise ManifestError(f"{len(missing)} segment(s) of version {manifest.version} were not supplied")
+    for chunks_of_segment in kernels.run_blocks(decode_segment, todo, threads):
+        for chunk in chunks_of_segment:
+            decoded.setdefault(chunk.tensor, []).append(chunk)
     plans = []
     for name in sorted(decoded, key=target.layout.names.index):
         chunks = sorted(decoded[name], key=lambda c: c.header.lo)
         for before, after in itertools.pairwise(chunks):
             if after.header.lo < before.header.hi:
                 raise CorruptSegmentError(f"chunks of {name} overlap")
-        indices = torch.cat([c.indices for c in chunks])
+        indices = chunks[0].indices if len(chunks) == 1 else \
+            torch.from_numpy(np.concatenate([c.indices.numpy() for c in chunks]))
         if indices.numel() != manifest.changed.get(name, 0):
             raise ManifestError(f"{name}: decoded {indices.numel()} changes, manifest says "
                                 f"{manifest.changed.get(name, 0)}")
         plans.append((name, chunks, indices))
     # One read for all tensors: a target in another process (an inference engine) answers in one round trip.
     olds = target.gather_many([(name, indices) for name, _, indices in plans])
-    planner = target if isinstance(target, SupportsScatterPlan) else None
-    updates = []
-    delta = WeightsDigest()
-    for (name, chunks, indices), old in zip(plans, olds):
+    transform = manifest.codec.value_transform
+
+    def decode_tensor(name: str, chunks: list[DecodedChunk], indices: torch.Tensor,
+                      old: torch.Tensor) -> tuple[torch.Tensor, WeightsDigest]:
         new = torch.empty_like(old)
         old_np, new_np = old.numpy(), new.numpy()
         start = 0
         for c in chunks:
             stop = start + c.header.count
-            new_np[start:stop] = decode_values(old_np[start:stop], c.values, c.header.count,
-                                               manifest.codec.value_transform)
+            new_np[start:stop] = decode_values(old_np[start:stop], c.values, c.header.count, transform)
             start = stop
-        delta = delta + hash_elements(name, indices, new) - hash_elements(name, indices, old)
+        return new, hash_change(name, indices, old, new)
+
+    news = kernels.run_blocks(decode_tensor, [(*plan, old) for plan, old in zip(plans, olds)], threads)
+    planner = target if isinstance(target, SupportsScatterPlan) else None
+    updates = []
+    delta = WeightsDigest()
+    for (name, _, indices), (new, moved) in zip(plans, news):
+        delta = delta + moved
         # Cutting the indices at the target's pieces (and moving them to its device) belongs to staging:
         # activation is then one scatter_ per piece.
         plan = planner.plan_scatter(name, indices) if planner is not None else None

@@ -9,6 +9,9 @@ only, and the result equals a from-scratch computation exactly.
 lane)``. It detects accidental divergence (a wrong or missing update changes the digest except with
 probability ~2**-128); it is *not* a cryptographic commitment against an adversary — that role belongs to
 the SHA-256 segment names and the signed manifest.
+
+On the host the sums run in the compiled kernels of :mod:`.kernels` (one read of each element, blocks
+spread over threads); on an accelerator, with torch ops (``lanes_on_device``). Both give the same bits.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from aurora_store.codec import kernels
 from aurora_store.errors import FormatError
 
 ALGORITHM = "lthash128"
@@ -28,9 +32,6 @@ LANES = 2
 _MASK = (1 << 64) - 1
 _K1 = np.uint64(0xFF51AFD7ED558CCD)
 _K2 = np.uint64(0xC4CEB9FE1A85EC53)
-_S33 = np.uint64(33)
-_S16 = np.uint64(16)
-_BLOCK = 1 << 18  # elements per block: keeps temporaries in cache
 _PATTERN = re.compile(rf"^{ALGORITHM}:([0-9a-f]{{32}})$")
 
 
@@ -61,58 +62,65 @@ class WeightsDigest:
 ZERO = WeightsDigest()
 
 
-def _seeds(tensor_name: str) -> tuple[np.uint64, ...]:
+def _seeds(tensor_name: str) -> tuple[np.uint64, np.uint64]:
     raw = hashlib.sha256(tensor_name.encode()).digest()
-    return tuple(np.uint64(int.from_bytes(raw[8 * k: 8 * k + 8], "little")) for k in range(LANES))
+    return np.uint64(int.from_bytes(raw[:8], "little")), np.uint64(int.from_bytes(raw[8:16], "little"))
 
 
-def _fmix_sum(keys: np.ndarray, seed: np.uint64, scratch: np.ndarray) -> int:
-    """Σ fmix64(keys ^ seed) mod 2**64, in place on a scratch buffer."""
-    y = scratch[: keys.size]
-    np.bitwise_xor(keys, seed, out=y)
-    tmp = np.right_shift(y, _S33)
-    y ^= tmp
-    y *= _K1
-    np.right_shift(y, _S33, out=tmp)
-    y ^= tmp
-    y *= _K2
-    np.right_shift(y, _S33, out=tmp)
-    y ^= tmp
-    return int(y.sum(dtype=np.uint64))
+def _host_bits(bits: torch.Tensor | np.ndarray) -> np.ndarray:
+    """Contiguous int16 bit patterns on the host (int16 or uint16 input: the same 16 bits)."""
+    arr = bits.numpy() if isinstance(bits, torch.Tensor) else np.asarray(bits)
+    if arr.dtype.itemsize != 2 or arr.dtype.kind not in "iu":
+        raise TypeError(f"bit patterns must be 16-bit integers, got {arr.dtype}")
+    return np.ascontiguousarray(arr.reshape(-1)).view(np.int16)
+
+
+def _host_indices(indices: torch.Tensor | np.ndarray) -> np.ndarray:
+    arr = indices.numpy() if isinstance(indices, torch.Tensor) else np.asarray(indices)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"indices must be integers, got {arr.dtype}")
+    return np.ascontiguousarray(arr.reshape(-1), dtype=np.int64)
+
+
+def _lanes(pairs: Iterable[tuple[int, int]]) -> WeightsDigest:
+    s0 = s1 = 0
+    for a, b in pairs:
+        s0, s1 = s0 + int(a), s1 + int(b)
+    return WeightsDigest((s0 & _MASK, s1 & _MASK))
 
 
 def hash_elements(tensor_name: str, indices: torch.Tensor | np.ndarray,
-                  bits: torch.Tensor | np.ndarray) -> WeightsDigest:
+                  bits: torch.Tensor | np.ndarray, *, threads: int | None = None) -> WeightsDigest:
     """Σ h(tensor_name, index, bits) over the given elements (flat indices in the inference layout).
     Tensors that live on an accelerator are hashed there (:func:`lanes_on_device`); only the sum returns."""
     if _off_host(indices) or _off_host(bits):
         return _to_digest(lanes_on_device(tensor_name, torch.as_tensor(indices), torch.as_tensor(bits)))
-    idx = indices.numpy() if isinstance(indices, torch.Tensor) else np.asarray(indices)
-    val = bits.numpy() if isinstance(bits, torch.Tensor) else np.asarray(bits)
-    if idx.shape != val.shape:
+    if tuple(np.shape(indices)) != tuple(np.shape(bits)):
         raise ValueError("indices and bits must have the same shape")
-    return _hash_sum(tensor_name, val, lambda start, stop: idx[start:stop].astype(np.uint64))
+    idx, val = _host_indices(indices), _host_bits(bits)
+    s0, s1 = _seeds(tensor_name)
+    return _lanes(kernels.run_blocks(
+        lambda lo, hi: kernels.element_lanes(idx[lo:hi], val[lo:hi], s0, s1), kernels.split(val.size), threads))
 
 
-def hash_range(tensor_name: str, offset: int, flat_bits: torch.Tensor | np.ndarray) -> WeightsDigest:
+def hash_change(tensor_name: str, indices: torch.Tensor | np.ndarray, old: torch.Tensor | np.ndarray,
+                new: torch.Tensor | np.ndarray, *, offset: int = 0) -> WeightsDigest:
+    """The digest move of changing ``old`` to ``new`` bits at flat indices ``offset + indices``:
+    ``hash_elements(new) − hash_elements(old)`` in one pass over the changed elements (host arrays)."""
+    idx, before, after = _host_indices(indices), _host_bits(old), _host_bits(new)
+    if not idx.size == before.size == after.size:
+        raise ValueError("indices, old and new bits must have the same size")
+    s0, s1 = _seeds(tensor_name)
+    return _lanes([kernels.delta_lanes(idx, offset, before, after, s0, s1)])
+
+
+def hash_range(tensor_name: str, offset: int, flat_bits: torch.Tensor | np.ndarray, *,
+               threads: int | None = None) -> WeightsDigest:
     """Σ h over a contiguous run of elements starting at flat index ``offset``."""
     if _off_host(flat_bits):
         assert isinstance(flat_bits, torch.Tensor)
         return _to_digest(range_lanes_on_device(tensor_name, offset, flat_bits))
-    val = flat_bits.numpy() if isinstance(flat_bits, torch.Tensor) else np.asarray(flat_bits)
-    return _hash_sum(tensor_name, val, lambda start, stop: np.arange(offset + start, offset + stop, dtype=np.uint64))
-
-
-def _hash_sum(tensor_name: str, bits: np.ndarray, indices_of) -> WeightsDigest:
-    seeds = _seeds(tensor_name)
-    sums = [0] * LANES
-    scratch = np.empty(min(bits.size, _BLOCK), dtype=np.uint64)
-    for start in range(0, bits.size, _BLOCK):
-        block = bits[start: start + _BLOCK]
-        keys = (indices_of(start, start + block.size) << _S16) | block.view(np.uint16).astype(np.uint64)
-        for lane, seed in enumerate(seeds):
-            sums[lane] = (sums[lane] + _fmix_sum(keys, seed, scratch)) & _MASK
-    return WeightsDigest(tuple(sums))  # type: ignore[arg-type]
+    return digest_pieces([(tensor_name, offset, flat_bits)], threads=threads)
 
 
 # --- the same sums with torch ops, on whatever device the tensors live on ---------------------------
@@ -188,21 +196,32 @@ def _to_digest(lanes: torch.Tensor) -> WeightsDigest:
     return WeightsDigest(tuple(v & _MASK for v in values))
 
 
-def digest_pieces(pieces: Iterable[tuple[str, int, torch.Tensor]]) -> WeightsDigest:
-    """From-scratch digest over ``(inference name, flat offset, flat int16 bits)`` pieces."""
+def digest_pieces(pieces: Iterable[tuple[str, int, torch.Tensor | np.ndarray]], *,
+                  threads: int | None = None) -> WeightsDigest:
+    """From-scratch digest over ``(inference name, flat offset, flat int16 bits)`` pieces: host pieces are
+    cut into blocks hashed by the compiled kernel on up to ``threads`` threads (default
+    :data:`~aurora_store.codec.kernels.DEFAULT_THREADS`); pieces on an accelerator are hashed there."""
     total = ZERO
+    tasks: list[tuple[np.ndarray, int, np.uint64, np.uint64]] = []
     for name, offset, flat_bits in pieces:
-        total = total + hash_range(name, offset, flat_bits)
-    return total
+        if _off_host(flat_bits):
+            assert isinstance(flat_bits, torch.Tensor)
+            total = total + _to_digest(range_lanes_on_device(name, offset, flat_bits))
+            continue
+        bits = _host_bits(flat_bits)
+        s0, s1 = _seeds(name)
+        tasks.extend((bits[lo:hi], offset + lo, s0, s1) for lo, hi in kernels.split(bits.size) if hi > lo)
+    return total + _lanes(kernels.run_blocks(kernels.range_lanes, tasks, threads))
 
 
-def digest_state(layout, state: Mapping[str, torch.Tensor]) -> WeightsDigest:
+def digest_state(layout, state: Mapping[str, torch.Tensor], *, threads: int | None = None) -> WeightsDigest:
     """From-scratch digest of a training-layout state dict (see :class:`ModelLayout`)."""
-    return digest_pieces((t.name, offset, bits) for t, offset, bits in layout.pieces(state))
+    return digest_pieces(((t.name, offset, bits) for t, offset, bits in layout.pieces(state)), threads=threads)
 
 
-def digest_fused(layout, fused: Mapping[str, torch.Tensor]) -> WeightsDigest:
+def digest_fused(layout, fused: Mapping[str, torch.Tensor], *, threads: int | None = None) -> WeightsDigest:
     """From-scratch digest of inference-layout tensors."""
     from aurora_store.codec.layout import bits_view
 
-    return digest_pieces((t.name, 0, bits_view(fused[t.name])[: t.numel]) for t in layout.tensors)
+    return digest_pieces(((t.name, 0, bits_view(fused[t.name])[: t.numel]) for t in layout.tensors),
+                         threads=threads)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import os
 import threading
 import time
 from collections import deque
@@ -21,13 +20,13 @@ import numpy as np
 import torch
 import zstandard
 
-from aurora_store.codec import leb128
+from aurora_store.codec import kernels
 from aurora_store.codec.digest import ZERO, WeightsDigest
 from aurora_store.codec.extract import Changes, DeviceExtraction, changes_on_host
 from aurora_store.codec.layout import InferenceTensor, ModelLayout, bits_view
 from aurora_store.codec.manifest import ChunkRef, SegmentRef
 from aurora_store.codec.params import CodecParams
-from aurora_store.codec.segment import ChunkHeader, EncodedChunk, Entropy, pack
+from aurora_store.codec.segment import ChunkHeader, EncodedChunk, Entropy, ValueTransform, pack
 from aurora_store.codec.values import encode_values
 from aurora_store.errors import LayoutError
 
@@ -166,12 +165,12 @@ class DeltaEncoder:
         return (self._host_changes(p) for p in rest), None
 
     def _threads(self, extraction: DeviceExtraction | None) -> int:
-        """Chunk-encoding threads: numpy's passes and zstd release the GIL, so host encoding of several
-        chunks runs in parallel. Device extraction finds changes in milliseconds and leaves host encoding as
-        the bottleneck, so it defaults to several threads; the host path defaults to one (as before)."""
+        """Host threads for extraction (host path) and chunk encoding: the compiled compare and numpy's passes
+        and zstd release the GIL, so blocks and chunks run in parallel; the output does not depend on the
+        count (blocks and chunks are put back in order)."""
         if self.encode_threads is not None:
             return self.encode_threads
-        return min(8, os.cpu_count() or 1) if extraction is not None else 1
+        return kernels.DEFAULT_THREADS
 
     def _chunks(self, changes: Iterable[Changes], threads: int) -> Iterator[EncodedChunk]:
         """Encoded chunks in order. With several threads, chunks are encoded ahead (at most ``2 × threads``
@@ -203,7 +202,8 @@ class DeltaEncoder:
         return piece
 
     def _host_changes(self, piece: Piece) -> Changes:
-        changes, delta = changes_on_host(piece.tensor, piece.offset, piece.old, piece.new)
+        changes, delta = changes_on_host(piece.tensor, piece.offset, piece.old, piece.new,
+                                         threads=self._threads(None))
         self.summary.digest_delta = self.summary.digest_delta + delta
         return changes
 
@@ -224,12 +224,14 @@ class DeltaEncoder:
 
     def _encode_chunk(self, name: str, offset: int, lo: int, hi: int, idx: np.ndarray,
                       old: np.ndarray, new: np.ndarray) -> EncodedChunk:
-        gaps = np.empty(idx.size, dtype=np.int64)
-        gaps[0] = idx[0] - lo
-        np.subtract(idx[1:], idx[:-1], out=gaps[1:])
-        index_raw = leb128.encode(gaps)
+        # The gaps' planar LEB128 and the DELTA16 value stream in compiled sweeps (the same bytes as
+        # leb128.encode and values.encode_values, which stay the format's reference and decode's inverse).
+        index_raw = kernels.leb128_gaps(np.ascontiguousarray(idx, dtype=np.int64), lo).tobytes()
         transform = self.params.value_transform
-        value_raw = encode_values(old, new, transform)
+        if transform == ValueTransform.DELTA16:
+            value_raw = kernels.delta16_values(np.ascontiguousarray(old), np.ascontiguousarray(new)).tobytes()
+        else:
+            value_raw = encode_values(old, new, transform)
         index_entropy, index_bytes = self._compress(index_raw)
         value_entropy, value_bytes = self._compress(value_raw)
         header = ChunkHeader(name, offset + lo, offset + hi, int(idx.size), index_entropy, transform,

@@ -3,7 +3,7 @@ old and new bits on the host.
 
 Two implementations with one output (:class:`Changes`):
 
-* :func:`changes_on_host` — the reference: compare, gather and hash with the host (numpy) digest.
+* :func:`changes_on_host` — the reference: compare, gather and hash in compiled host kernels (:mod:`.kernels`).
 * :class:`DeviceExtraction` — the bit compare, the changed-index and bits gather and the digest update
   for the changed elements run with torch ops on the tensors' own device (a GPU finds the changed
   elements of 16 GB in milliseconds); only the changed indices and their old/new bits are copied to the
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from aurora_store.codec.digest import ZERO, WeightsDigest, digest_of_lanes, hash_elements, lanes_on_device
+from aurora_store.codec import kernels
+from aurora_store.codec.digest import ZERO, WeightsDigest, digest_of_lanes, hash_change, lanes_on_device
 from aurora_store.codec.layout import InferenceTensor
 
 #: Pieces extracted ahead of the one being encoded (each holds only changed elements on the host).
@@ -60,16 +61,23 @@ def changed_indices(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
 
 
 def changes_on_host(tensor: InferenceTensor, offset: int, old: torch.Tensor,
-                    new: torch.Tensor) -> tuple[Changes, WeightsDigest]:
-    """The reference extraction on host tensors, with the piece's digest delta."""
-    local = changed_indices(old, new)
-    old_vals, new_vals = old[local], new[local]
-    if local.numel():
-        global_idx = local + offset
-        delta = hash_elements(tensor.name, global_idx, new_vals) - hash_elements(tensor.name, global_idx, old_vals)
+                    new: torch.Tensor, *, threads: int | None = None) -> tuple[Changes, WeightsDigest]:
+    """The reference extraction on host tensors, with the piece's digest delta: one compiled sweep per block
+    (compare, and gather the changed elements' indices and bits) spread over ``threads``, then the digest
+    move over the changed elements only."""
+    a, b = _host_int16(old), _host_int16(new)
+    parts = kernels.run_blocks(lambda lo, hi: kernels.changes(a[lo:hi], b[lo:hi], lo),
+                               kernels.split(a.size), threads)
+    if len(parts) == 1:
+        local, old_vals, new_vals = parts[0]
     else:
-        delta = ZERO
-    return Changes(tensor, offset, old.numel(), local.numpy(), old_vals.numpy(), new_vals.numpy()), delta
+        local, old_vals, new_vals = (np.concatenate([p[k] for p in parts]) for k in range(3))
+    delta = hash_change(tensor.name, local, old_vals, new_vals, offset=offset) if local.size else ZERO
+    return Changes(tensor, offset, a.size, local, old_vals, new_vals), delta
+
+
+def _host_int16(bits: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(bits.reshape(-1).numpy())
 
 
 @dataclass

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from aurora_store.codec.digest import WeightsDigest, digest_pieces
@@ -118,8 +119,11 @@ def check_indices(layout: ModelLayout, name: str, indices: torch.Tensor) -> Infe
     """``name``'s tensor, or a :class:`~aurora_store.errors.LayoutError` when ``name`` is not in the layout or
     an index lies outside ``[0, numel)`` — checked before anything is read or written."""
     tensor = layout[name]
-    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= tensor.numel):
-        raise LayoutError(f"{name}: flat index out of range [0, {tensor.numel})")
+    if indices.numel():
+        # Host indices through numpy: one single-threaded pass each, no intra-op thread pool to wake.
+        flat = indices.numpy() if indices.device.type == "cpu" else indices
+        if int(flat.min()) < 0 or int(flat.max()) >= tensor.numel:
+            raise LayoutError(f"{name}: flat index out of range [0, {tensor.numel})")
     return tensor
 
 
@@ -175,10 +179,17 @@ class TensorTarget:
         spans = self._pieces[name]
         if len(spans) == 1:
             return [(spans[0], indices, slice(None))]
-        # indices are sorted: cut them at the piece boundaries.
+        # indices are sorted: cut them at the piece boundaries (host indices with numpy: one thread per pass).
+        out = []
+        if indices.device.type == "cpu":
+            flat = indices.numpy()
+            cuts = [0, *np.searchsorted(flat, [p.lo for p in spans[1:]]).tolist(), flat.size]
+            for piece, a, b in zip(spans, cuts[:-1], cuts[1:]):
+                if b > a:
+                    out.append((piece, torch.from_numpy(flat[a:b] - piece.lo), slice(a, b)))
+            return out
         bounds = torch.tensor([p.lo for p in spans[1:]], dtype=indices.dtype, device=indices.device)
         cuts = [0, *torch.searchsorted(indices, bounds).tolist(), indices.numel()]
-        out = []
         for piece, a, b in zip(spans, cuts[:-1], cuts[1:]):
             if b > a:
                 out.append((piece, indices[a:b] - piece.lo, slice(a, b)))
@@ -190,7 +201,10 @@ class TensorTarget:
         check_indices(self.layout, name, indices)
         out = torch.empty(indices.numel(), dtype=torch.int16)
         for piece, local, where in self._split(name, indices):
-            out[where] = piece.bits[local.to(piece.bits.device)].cpu()
+            if piece.bits.device.type == "cpu" and local.device.type == "cpu":
+                np.take(piece.bits.detach().numpy(), local.numpy(), out=out.numpy()[where])  # one thread, no pool
+            else:
+                out[where] = piece.bits[local.to(piece.bits.device)].cpu()
         return out
 
     def gather_many(self, requests: Sequence[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import deque
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,9 +23,9 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from aurora_store.codec import jsondoc
-from aurora_store.codec.digest import WeightsDigest, digest_state
+from aurora_store.codec.digest import ZERO, WeightsDigest, digest_pieces
 from aurora_store.codec.document import SignedDocument
-from aurora_store.codec.layout import ModelLayout
+from aurora_store.codec.layout import ModelLayout, bits_view
 from aurora_store.codec.manifest import signature_of
 from aurora_store.errors import (
     DigestMismatchError,
@@ -145,22 +147,33 @@ def write_snapshot(store: DeltaStore, version: int, state: Mapping[str, torch.Te
                    weights_digest: WeightsDigest, *, extra_files: Mapping[str, bytes] | None = None,
                    shard_bytes: int = DEFAULT_SHARD_BYTES, created_at: str = "",
                    producer: Mapping[str, Any] | None = None,
-                   sign=None) -> SnapshotManifest:
+                   sign=None, streams: int = 1) -> SnapshotManifest:
     """Upload a snapshot of ``state`` (training names) and create its manifest last.
 
-    Weight files are serialised and uploaded one at a time, so the writer holds at most one shard's bytes
+    Weight files are serialised in order and uploaded (with their SHA-256) on ``streams`` parallel streams,
+    the next file serialised while earlier ones upload; the writer holds at most ``streams`` + 1 files' bytes
     beside ``state`` (the files are byte-identical to :func:`encode_snapshot_files`'). ``sign`` optionally
     turns the manifest into a signed one before it is written.
     """
+    if streams < 1:
+        raise ValueError(f"streams must be ≥ 1, not {streams}")
     layout.check_state(state)
     shards = shard_state({n: state[n] for n in layout.train_names}, shard_bytes)
     weight_files = weight_file_names(len(shards))
-    entries, weight_map, total = [], {}, 0
-    for name, shard in zip(weight_files, shards):
-        entries.append(put_snapshot_file(store, version, name, encode_weight_file(shard)))
-        for tensor_name, tensor in shard.items():
-            weight_map[tensor_name] = name
-            total += tensor.numel() * tensor.element_size()
+    weight_map, total = {}, 0
+    in_flight: deque[Future[SnapshotFile]] = deque()
+    entries: list[SnapshotFile] = []
+    with ThreadPoolExecutor(max_workers=streams, thread_name_prefix="aurora-snapshot") as pool:
+        for name, shard in zip(weight_files, shards):
+            data = encode_weight_file(shard)
+            while len(in_flight) >= streams:
+                entries.append(in_flight.popleft().result())
+            in_flight.append(pool.submit(put_snapshot_file, store, version, name, data))
+            del data
+            for tensor_name, tensor in shard.items():
+                weight_map[tensor_name] = name
+                total += tensor.numel() * tensor.element_size()
+        entries.extend(f.result() for f in in_flight)
     side = dict(extra_files or {})
     if len(shards) > 1:
         side["model.safetensors.index.json"] = weight_index(weight_map, total)
@@ -242,10 +255,15 @@ def read_snapshot_file(store: DeltaStore, manifest: SnapshotManifest, name: str)
 
 def load_snapshot(store: DeltaStore, version: int, layout: ModelLayout, *,
                   download_dir: str | os.PathLike | None = None, verify_digest: bool = True,
-                  verify_manifest=None) -> tuple[dict[str, torch.Tensor], SnapshotManifest]:
+                  verify_manifest=None, streams: int = 1,
+                  threads: int | None = None) -> tuple[dict[str, torch.Tensor], SnapshotManifest]:
     """Download and verify a snapshot; return its training-layout tensors (and optionally keep the files).
 
-    ``verify_manifest`` (e.g. a signature check) runs on the manifest before any file is downloaded."""
+    Files are downloaded, checked against their SHA-256 and parsed on ``streams`` parallel streams; the
+    weights digest is then computed on ``threads`` threads. ``verify_manifest`` (e.g. a signature check)
+    runs on the manifest before any file is downloaded."""
+    if streams < 1:
+        raise ValueError(f"streams must be ≥ 1, not {streams}")
     manifest = read_snapshot_manifest(store, version)
     if verify_manifest is not None:
         verify_manifest(manifest)
@@ -256,14 +274,34 @@ def load_snapshot(store: DeltaStore, version: int, layout: ModelLayout, *,
     target_dir = Path(download_dir) if download_dir is not None else None
     if target_dir is not None:
         target_dir.mkdir(parents=True, exist_ok=True)
-    for entry in manifest.files:
+    # Where each training tensor lies in its inference tensor: a file's share of the digest is hashed as soon
+    # as the file is in, while the other files are still downloading (the digest is a sum).
+    placed = {c.train_name: (t, c) for t in layout.tensors for c in t.components}
+
+    def fetch(entry: SnapshotFile) -> tuple[dict[str, torch.Tensor], WeightsDigest]:
         data = read_snapshot_file(store, manifest, entry.name)
         if target_dir is not None:
             _atomic_write(target_dir / entry.name, data)
-        if entry.name in manifest.weight_files:
-            state.update(load_safetensors(data))
+        if entry.name not in manifest.weight_files:
+            return {}, ZERO
+        tensors = load_safetensors(data)
+        del data
+        pieces = []
+        for name, tensor in tensors.items() if verify_digest else ():
+            where = placed.get(name)
+            # Anything of the wrong shape or width is left to check_state below, which names the problem.
+            if where is not None and tensor.element_size() == 2 and \
+                    tuple(tensor.shape) == tuple(where[0].component_shape(where[1])):
+                pieces.append((where[0].name, where[0].component_span(where[1])[0], bits_view(tensor)))
+        return tensors, digest_pieces(pieces, threads=threads)
+
+    actual = ZERO
+    with ThreadPoolExecutor(max_workers=streams, thread_name_prefix="aurora-snapshot") as pool:
+        for tensors, share in pool.map(fetch, manifest.files):
+            state.update(tensors)
+            actual = actual + share
     if verify_digest:
-        actual = digest_state(layout, state)
+        layout.check_state(state)
         if str(actual) != manifest.weights_digest:
             raise DigestMismatchError(f"snapshot {version} tensors hash to {actual}, manifest says "
                                       f"{manifest.weights_digest}")

@@ -164,6 +164,38 @@ def test_snapshot_roundtrip_and_tamper_detection(store):
         load_snapshot(store, 5, LAYOUT)
 
 
+def test_snapshot_over_parallel_streams_is_the_same_snapshot(store):
+    # Files uploaded and downloaded on several streams: the same files, entries and tensors as one stream.
+    state = random_state(LAYOUT, 4)
+    digest = digest_state(LAYOUT, state)
+    one = write_snapshot(store, 6, state, LAYOUT, digest, shard_bytes=32 * 1024)
+    many = write_snapshot(store, 7, state, LAYOUT, digest, shard_bytes=32 * 1024, streams=3)
+    assert len(many.weight_files) >= 3 and many.files == one.files and many.weight_files == one.weight_files
+    loaded, _ = load_snapshot(store, 7, LAYOUT, streams=3, threads=2)
+    assert set(loaded) == set(load_snapshot(store, 6, LAYOUT)[0]) == set(LAYOUT.train_names)
+    for name in LAYOUT.train_names:
+        assert torch.equal(loaded[name].view(torch.int16), state[name].view(torch.int16))
+    with pytest.raises(ValueError):
+        write_snapshot(store, 8, state, LAYOUT, digest, streams=0)
+    assert store.snapshot_versions() == [6, 7]
+
+
+def test_snapshot_file_with_a_misshaped_tensor_is_refused_by_name(store):
+    # The file is intact (its SHA-256 is the manifest's) but one tensor has the wrong shape: a typed layout
+    # error naming the problem, not a digest mismatch or a crash in the per-file hashing.
+    from aurora_store.errors import LayoutError
+    from aurora_store.store.snapshots import create_snapshot_manifest, encode_weight_file, put_snapshot_file
+
+    state = random_state(LAYOUT, 5)
+    digest = digest_state(LAYOUT, state)
+    name = LAYOUT.train_names[1]
+    bad = dict(state, **{name: state[name].reshape(-1)[:-1].clone()})
+    entry = put_snapshot_file(store, 9, "model.safetensors", encode_weight_file(bad))
+    create_snapshot_manifest(store, 9, LAYOUT, digest, [entry], ["model.safetensors"])
+    with pytest.raises(LayoutError, match=name.split(".")[-2]):
+        load_snapshot(store, 9, LAYOUT, streams=2)
+
+
 def test_history_rows_as_parquet(store):
     states = chain(3)
     digest = digest_state(LAYOUT, states[0])

@@ -22,6 +22,7 @@ def test_extract_bench_measures_one_and_two_ranks_in_one_run():
     assert one["ranks"] == 1 and two["ranks"] == 2 and one["steps"] == two["steps"] == 2
     assert sum(two["rank_elements"]) == one["rank_elements"][0] == result["model"]["parameters"]
     assert one["changed"] == two["changed"] > 0  # same versions, same changes, whatever the sharding
+    assert all(s > 0 for s in two["rank_scan_numpy_s"]) and len(two["rank_encode_vs_numpy_scan"]) == 2
     assert result["speedup_1_to_2"] == pytest.approx(one["wall_s"] / two["wall_s"])
     estimate = result["estimate_8_ranks_qwen3_8b"]
     assert estimate["step_s"] == pytest.approx(estimate["parameters"] / 8 / estimate["rank_elements_per_s"]

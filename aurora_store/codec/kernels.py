@@ -1,0 +1,275 @@
+"""Compiled host kernels: the passes over every element (bit compare, digest) in one sweep each.
+
+numpy needs ~10 passes over memory for the digest of a block (xor, three shift-xors, two multiplies, the
+key build, the sum, for each of two lanes) and three for a change scan (compare, ``nonzero``, gathers); the
+kernels here read each element once and keep everything else in registers. They are compiled by numba on
+first use and cached on disk (``cache=True``), release the GIL (``nogil=True``), and work on one block:
+:func:`split` and :func:`run_blocks` spread blocks over threads, and the callers add the blocks' results
+(digest lanes add modulo 2**64, so the order of blocks does not matter; change lists are concatenated in
+block order, so the output is the same for every thread count).
+
+Integer typing is kept explicit (``np.uint64`` everywhere in the hash): numba promotes ``uint64 op int64`` to
+float64, which would silently break the arithmetic.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import numba
+import numpy as np
+
+_K1 = np.uint64(0xFF51AFD7ED558CCD)
+_K2 = np.uint64(0xC4CEB9FE1A85EC53)
+_S33 = np.uint64(33)
+_S16 = np.uint64(16)
+_LOW16 = np.uint64(0xFFFF)
+_ZERO = np.uint64(0)
+
+#: Elements per block handed to one thread: large enough that a call's overhead (~µs) is noise, small
+#: enough that two threads share a 100 M-element tensor evenly.
+BLOCK = 1 << 22
+#: Host threads when a caller does not say: the cores, at most 8 (more only adds memory-bandwidth contention).
+DEFAULT_THREADS = max(1, min(8, os.cpu_count() or 1))
+
+
+@numba.njit(inline="always")
+def _fmix(y):  # pragma: no cover - compiled
+    y ^= y >> _S33
+    y *= _K1
+    y ^= y >> _S33
+    y *= _K2
+    y ^= y >> _S33
+    return y
+
+
+@numba.njit(nogil=True, cache=True)
+def range_lanes(bits, offset, seed0, seed1):  # pragma: no cover - compiled
+    """``Σ fmix64(((offset + i) << 16 | bits[i]) ^ seed)`` over a contiguous int16 block, both lanes."""
+    s0 = _ZERO
+    s1 = _ZERO
+    base = np.uint64(offset)
+    for i in range(bits.size):
+        key = ((base + np.uint64(i)) << _S16) | (np.uint64(bits[i]) & _LOW16)
+        s0 += _fmix(key ^ seed0)
+        s1 += _fmix(key ^ seed1)
+    return s0, s1
+
+
+@numba.njit(nogil=True, cache=True)
+def element_lanes(indices, bits, seed0, seed1):  # pragma: no cover - compiled
+    """``Σ fmix64((indices[i] << 16 | bits[i]) ^ seed)`` over scattered elements, both lanes."""
+    s0 = _ZERO
+    s1 = _ZERO
+    for i in range(bits.size):
+        key = (np.uint64(indices[i]) << _S16) | (np.uint64(bits[i]) & _LOW16)
+        s0 += _fmix(key ^ seed0)
+        s1 += _fmix(key ^ seed1)
+    return s0, s1
+
+
+@numba.njit(nogil=True, cache=True)
+def delta_lanes(indices, offset, old, new, seed0, seed1):  # pragma: no cover - compiled
+    """The digest move of changing ``old[i]`` to ``new[i]`` at flat index ``offset + indices[i]``:
+    ``Σ h(new) − h(old)`` per lane, modulo 2**64."""
+    s0 = _ZERO
+    s1 = _ZERO
+    base = np.uint64(offset)
+    for i in range(old.size):
+        at = (base + np.uint64(indices[i])) << _S16
+        k_new = at | (np.uint64(new[i]) & _LOW16)
+        k_old = at | (np.uint64(old[i]) & _LOW16)
+        s0 += _fmix(k_new ^ seed0) - _fmix(k_old ^ seed0)
+        s1 += _fmix(k_new ^ seed1) - _fmix(k_old ^ seed1)
+    return s0, s1
+
+
+@numba.njit(nogil=True, cache=True)
+def changes(old, new, base):  # pragma: no cover - compiled
+    """Where two int16 blocks differ: ``(base + i, old[i], new[i])`` for every such ``i``, ascending.
+
+    One sweep: the outputs start at 1/32 of the block (RL steps change 1–3 % of the weights) and double
+    when full, so memory is read once and nothing proportional to the block is allocated but the output."""
+    n = old.size
+    cap = max(1024, n >> 5)
+    idx = np.empty(cap, dtype=np.int64)
+    before = np.empty(cap, dtype=np.int16)
+    after = np.empty(cap, dtype=np.int16)
+    i, k = _fill(old, new, base, 0, idx, before, after, 0)
+    while i < n:  # the outputs are full: double them (rare) and go on where the sweep stopped
+        cap *= 2
+        idx, before, after = _grown(idx, cap), _grown(before, cap), _grown(after, cap)
+        i, k = _fill(old, new, base, i, idx, before, after, k)
+    return idx[:k].copy(), before[:k].copy(), after[:k].copy()
+
+
+@numba.njit(nogil=True, cache=True)
+def _fill(old, new, base, start, idx, before, after, k):  # pragma: no cover - compiled
+    """The sweep of :func:`changes` from element ``start``, writing from output ``k``; stops at the first
+    change that does not fit. Returns ``(where it stopped, outputs written)``. The arrays are not
+    reassigned inside the loop, which keeps it free of reference counting."""
+    cap = idx.size
+    for i in range(start, old.size):
+        a = old[i]
+        b = new[i]
+        if a != b:
+            if k == cap:
+                return i, k
+            idx[k] = base + i
+            before[k] = a
+            after[k] = b
+            k += 1
+    return old.size, k
+
+
+@numba.njit(nogil=True, cache=True)
+def _grown(arr, cap):  # pragma: no cover - compiled
+    out = np.empty(cap, dtype=arr.dtype)
+    out[: arr.size] = arr
+    return out
+
+
+# --- spreading blocks over threads ---------------------------------------------------------------------
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+_T = TypeVar("_T")
+
+
+_POOL_WORKERS = max(DEFAULT_THREADS, 8)  # any count up to 8 a caller asks for is honoured
+_POOL_PREFIX = "aurora-kernel"
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=_POOL_WORKERS, thread_name_prefix=_POOL_PREFIX)
+        return _pool
+
+
+def split(n: int, block: int | None = None) -> list[tuple[int, int]]:
+    """``[lo, hi)`` bounds of consecutive blocks of :data:`BLOCK` elements covering ``n`` (one empty block for
+    ``n == 0``)."""
+    block = BLOCK if block is None else block
+    return [(lo, min(lo + block, n)) for lo in range(0, n, block)] or [(0, 0)]
+
+
+def run_blocks(fn: Callable[..., _T], tasks: Sequence[tuple], threads: int | None = None) -> list[_T]:
+    """``[fn(*task) for task in tasks]``, in order, on up to ``threads`` threads (the kernels release the GIL).
+    One thread, one task, or a call from a pool thread runs in the caller's thread."""
+    threads = DEFAULT_THREADS if threads is None else threads
+    if threads < 1:
+        raise ValueError(f"threads must be ≥ 1, not {threads}")
+    # A task that itself spreads blocks runs them inline: pool threads never wait on the pool (no deadlock).
+    if threads == 1 or len(tasks) <= 1 or threading.current_thread().name.startswith(_POOL_PREFIX):
+        return [fn(*task) for task in tasks]
+    pool = _executor()
+    if threads >= len(tasks) or threads >= _POOL_WORKERS:
+        return list(pool.map(lambda task: fn(*task), tasks))
+    # At most ``threads`` at a time: each worker takes the next task until none is left.
+    results: list[_T | None] = [None] * len(tasks)
+    cursor = iter(range(len(tasks)))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                k = next(cursor, None)
+            if k is None:
+                return
+            results[k] = fn(*tasks[k])
+
+    for future in [pool.submit(worker) for _ in range(threads)]:
+        future.result()
+    return results  # type: ignore[return-value]
+
+
+# --- per-changed-element streams (FORMAT §3.1, §3.2): the same bytes as the numpy formulation ------------
+
+@numba.njit(nogil=True, cache=True)
+def leb128_gaps(idx, lo):  # pragma: no cover - compiled
+    """Planar LEB128 of the gaps ``idx[0] - lo, idx[1] - idx[0], …`` (sorted ``idx`` ≥ ``lo``): byte 0 of every
+    value, then byte 1 of the values that have one, and so on (see :mod:`.leb128`)."""
+    n = idx.size
+    levels = np.zeros(10, dtype=np.int64)  # values with more than k bytes, per level k
+    prev = lo
+    for i in range(n):
+        gap = np.uint64(idx[i] - prev)
+        prev = idx[i]
+        level = 0
+        while True:
+            levels[level] += 1
+            gap >>= np.uint64(7)
+            if gap == 0:
+                break
+            level += 1
+    starts = np.zeros(10, dtype=np.int64)
+    for level in range(1, 10):
+        starts[level] = starts[level - 1] + levels[level - 1]
+    out = np.empty(starts[9] + levels[9], dtype=np.uint8)
+    prev = lo
+    for i in range(n):
+        gap = np.uint64(idx[i] - prev)
+        prev = idx[i]
+        level = 0
+        while True:
+            rest = gap >> np.uint64(7)
+            byte = np.uint8(gap & np.uint64(0x7F))
+            if rest != 0:
+                byte |= np.uint8(0x80)
+            out[starts[level]] = byte
+            starts[level] += 1
+            if rest == 0:
+                break
+            gap = rest
+            level += 1
+    return out
+
+
+@numba.njit(nogil=True, cache=True)
+def delta16_values(old, new):  # pragma: no cover - compiled
+    """The ``DELTA16`` value stream of changed elements ``old`` → ``new`` (see :mod:`.values`): the 2-bit class
+    table, the side bits of class 2, the escaped words as two byte planes."""
+    n = old.size
+    words = np.empty(n, dtype=np.uint16)
+    n_mid = 0
+    n_escape = 0
+    for i in range(n):
+        d = np.int16(new[i] - old[i])  # wraps modulo 2**16
+        w = np.uint16((np.uint16(d) << np.uint16(1)) ^ np.uint16(d >> np.int16(15)))
+        words[i] = w
+        if w == 3 or w == 4:
+            n_mid += 1
+        elif w != 1 and w != 2:
+            n_escape += 1
+    class_bytes = (n + 3) // 4
+    mid_bytes = (n_mid + 7) // 8
+    out = np.zeros(class_bytes + mid_bytes + 2 * n_escape, dtype=np.uint8)
+    mid_at = 0
+    escape_at = 0
+    side = class_bytes
+    low = class_bytes + mid_bytes
+    high = low + n_escape
+    for i in range(n):
+        w = words[i]
+        if w == 1:
+            c = 0
+        elif w == 2:
+            c = 1
+        elif w == 3 or w == 4:
+            c = 2
+            if w == 4:
+                out[side + (mid_at >> 3)] |= np.uint8(1 << (mid_at & 7))
+            mid_at += 1
+        else:
+            c = 3
+            out[low + escape_at] = np.uint8(w & np.uint16(0xFF))
+            out[high + escape_at] = np.uint8(w >> np.uint16(8))
+            escape_at += 1
+        out[i >> 2] |= np.uint8(c << (2 * (i & 3)))
+    return out
