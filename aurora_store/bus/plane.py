@@ -7,7 +7,10 @@ notifications are recovered by re-reading the bucket (the caller's job) or by le
 
 from __future__ import annotations
 
+import logging
 import secrets
+import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 
 import redis
@@ -21,12 +24,15 @@ from aurora_store.bus.messages import (
     RelayState,
     RolloutResult,
     TrainerState,
+    UnknownKindError,
     VersionEvent,
 )
 from aurora_store.bus.redis_keys import RunKeys
 from aurora_store.config import HEARTBEAT_TTL_S
 
 RESULTS_GROUP = "trainer"
+
+log = logging.getLogger("aurora.bus.plane")
 
 
 class ControlPlane:
@@ -40,6 +46,21 @@ class ControlPlane:
         self.run = run
         self.url = url
         self._redis = Reconnecting(url, wait_s=wait_s, on_reconnect=on_reconnect)
+        #: Messages dropped at the parse gate, by ``"<message>:<reason>"`` (``unknown_kind`` or ``malformed``).
+        self.rejected: Counter[str] = Counter()
+        self._rejected_lock = threading.Lock()
+
+    def reject(self, message: str, error: MessageError, entry_id: str) -> None:
+        """Count (and log, sparingly: a flood of forgeries must not become a flood of log lines) a message
+        dropped at the parse gate. Never raises: a bad message is not the reader's failure."""
+        reason = "unknown_kind" if isinstance(error, UnknownKindError) else "malformed"
+        key = f"{message}:{reason}"
+        with self._rejected_lock:
+            self.rejected[key] += 1
+            count = self.rejected[key]
+        if count & (count - 1) == 0:  # the 1st, 2nd, 4th, 8th, … of each kind
+            log.warning("dropped a %s message", message, extra={"reason": reason, "error": str(error)[:300],
+                                                                  "entry": entry_id, "count": count})
 
     @property
     def reconnects(self) -> int:
@@ -69,8 +90,8 @@ class ControlPlane:
         for entry in self._redis.call(lambda r: streams.read(r, keyed, block_ms=block_ms)):
             try:
                 out.append((regions[entry.stream], entry.id, VersionEvent.from_fields(entry.fields)))
-            except MessageError:
-                continue
+            except MessageError as exc:
+                self.reject("event", exc, entry.id)
         return out
 
     def latest_event_id(self, region: str) -> str:
