@@ -23,9 +23,9 @@ from aurora_store.codec import jsondoc
 from aurora_store.codec.digest import WeightsDigest
 from aurora_store.errors import FormatError, MessageError
 
-#: Largest version any message may name: far beyond any run (a step a second for 30 000 years), small enough
-#: that arithmetic on it stays exact everywhere (JSON readers, float64 metrics).
-MAX_VERSION = (1 << 40) - 1
+#: Largest version any message may name: the largest a bucket's object names spell (12 digits,
+#: ``store.object_names.VERSION_DIGITS``) — far beyond any run, and exact in every JSON reader.
+MAX_VERSION = 10**12 - 1
 #: Largest segment a ``segment`` event may announce: the codec's largest target (1 GiB) plus one chunk's slack.
 MAX_SEGMENT_BYTES = 1 << 31
 #: Stream timestamps (ms): up to the year 2255.
