@@ -109,6 +109,8 @@ def _coerce(cls, raw: Mapping[str, str]):
             raise MessageError(f"{cls.__name__}.{f.name}: bad value {value!r}") from exc
     try:
         return cls(**kwargs)
+    except MessageError:
+        raise  # already says what is wrong (and its type: an unknown kind is counted apart)
     except (TypeError, ValueError) as exc:
         raise MessageError(f"{cls.__name__}: {exc}") from exc
 

@@ -83,16 +83,25 @@ class ControlPlane:
     def read_events(self, cursors: Mapping[str, str], *, block_ms: int | None = BLOCK_MS,
                     ) -> list[tuple[str, str, VersionEvent]]:
         """New events after ``cursors`` (region → last id); returns ``(region, id, event)``; malformed entries
-        are skipped (they cannot be trusted, and the bucket is the truth anyway)."""
+        are skipped (they cannot be trusted, and the bucket is the truth anyway). A loop that reads on from the
+        ids returned re-reads malformed entries at the end of a stream: loops use :meth:`read_event_batch`."""
+        return self.read_event_batch(cursors, block_ms=block_ms)[0]
+
+    def read_event_batch(self, cursors: Mapping[str, str], *, block_ms: int | None = BLOCK_MS,
+                         ) -> tuple[list[tuple[str, str, VersionEvent]], dict[str, str]]:
+        """:meth:`read_events`, and the cursors to read on from: past every entry read, malformed ones
+        included — so that one bad message is parsed (and counted) once, never re-read in a spin."""
         keyed = {self.keys.events(region): cursor for region, cursor in cursors.items()}
         regions = {self.keys.events(region): region for region in cursors}
         out = []
+        advanced = dict(cursors)
         for entry in self._redis.call(lambda r: streams.read(r, keyed, block_ms=block_ms)):
+            advanced[regions[entry.stream]] = entry.id
             try:
                 out.append((regions[entry.stream], entry.id, VersionEvent.from_fields(entry.fields)))
             except MessageError as exc:
                 self.reject("event", exc, entry.id)
-        return out
+        return out, advanced
 
     def latest_event_id(self, region: str) -> str:
         """Id of the newest event of ``region`` (``"0"`` when none): read from here to see only new ones."""

@@ -45,9 +45,9 @@ class EventIntake:
                 regions = self.watch.event_regions()
                 for region in regions:
                     cursors.setdefault(region, self.plane.latest_event_id(region))
-                for region, entry_id, event in self.plane.read_events({r: cursors[r] for r in regions},
-                                                                      block_ms=500):
-                    cursors[region] = entry_id
+                events, advanced = self.plane.read_event_batch({r: cursors[r] for r in regions}, block_ms=500)
+                cursors.update(advanced)  # past malformed entries too: each is dropped once
+                for _, _, event in events:
                     if event.kind == "segment":
                         if event.segment and event.size is not None:
                             self.follower.offer(event.version, SegmentRef(event.segment, event.size, ()))

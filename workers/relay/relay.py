@@ -10,6 +10,7 @@ restarted relay re-reads both buckets and copies only what the regional bucket l
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -221,7 +222,7 @@ class Relay:
             if future is None or (future.done() and future.exception() is not None):
                 future = self.pool.submit(self._copy_segment, ref, version)
                 self.inflight[ref.digest] = future
-                future.add_done_callback(lambda done, digest=ref.digest: self._settled(digest, done))
+                future.add_done_callback(functools.partial(self._settled, ref.digest))
         return future
 
     def _settled(self, digest: str, future: Future) -> None:
@@ -408,9 +409,15 @@ class Relay:
         lifecycle.enter("serving")
         while not self.stopping.is_set():
             try:
-                for _, entry_id, event in self.plane.read_events({home: cursor}, block_ms=300):
-                    cursor = entry_id
-                    self._handle(event)
+                events, cursors = self.plane.read_event_batch({home: cursor}, block_ms=300)
+                cursor = cursors[home]  # past malformed entries too: each is dropped once
+                for _, _, event in events:
+                    try:
+                        self._handle(event)
+                    except AuroraError as exc:  # this event only: the batch's others still count
+                        log.error("handling a %s event failed; the next resync covers it", event.kind,
+                                  extra={"error": str(exc)[:300], "kind": type(exc).__name__,
+                                         "version": event.version})
                 now = time.monotonic()
                 if now - last_sync >= 2.0:  # recover whatever notifications were lost
                     self.sync()
