@@ -398,7 +398,6 @@ def test_segment_events_for_a_version_that_never_comes_do_not_pin_the_prefetch_b
           [{"kind": "segment", "version": str(active + 1), "region": HOME, "segment": old[0].digest, "size": "-1"}])
     assert wait_for(lambda: prefetcher.held_bytes() == sum(r.size for r in old), 10), "not held in the window"
     assert prefetcher.refused == len(old)
-    assert plane.rejected["event:malformed"] == 0  # the attacker's plane: the intake's is its own
     assert wait_for(lambda: intake.plane.rejected["event:malformed"] == 1, 10)
     time.sleep(1.2)  # past the hold time
     prefetcher.expire()
