@@ -141,6 +141,10 @@ class CommandDefaults:
     # from the environment rather than the command line, where other users of the host could read it.
     cache_token: str | None = None
     wandb_project: str = "aurora"  # WANDB_PROJECT: the Weights & Biases project of ``--wandb``
+    # AURORA_ADMISSION_SECRET: the operator's secret actors prove registration with and the trainer checks
+    # (aurora_store.bus.identity); from the environment only (the secret store puts it there), never a flag,
+    # never a process's logged configuration.
+    admission_secret: str | None = None
 
     @classmethod
     def from_env(cls) -> CommandDefaults:
@@ -148,7 +152,7 @@ class CommandDefaults:
             return os.environ.get(name) or None
 
         return cls(get("AURORA_TRAINER_PUBLIC_KEY"), get("AURORA_SIGNING_KEY"), get("AURORA_REDIS"), get("AURORA_RUN"),
-                   get("AURORA_CACHE_TOKEN"), get("WANDB_PROJECT") or "aurora")
+                   get("AURORA_CACHE_TOKEN"), get("WANDB_PROJECT") or "aurora", get("AURORA_ADMISSION_SECRET"))
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                                                   "settles/s, Redis load, safety"),
     "vllm_backend": ("benchmarks.vllm_backend", "vLLM: the aurora backend's in-place scatter vs vLLM's NaN-masked "
                                                 "sparse patch (needs vLLM)"),
+    "logprob_check": ("benchmarks.logprob_check", "trainer's logprob check: honest bf16 noise, false rejections, "
+                                                  "forged rollouts refused"),
     "scale": ("benchmarks.scale", "publish / activate / snapshot at real Qwen3 sizes, growth exponents"),
     "wan": ("benchmarks.wan_bench.cli", "delivery over emulated cross-region links: delta vs full, streams, "
                                         "cut-through, relays, end to end (needs root)"),

@@ -23,6 +23,7 @@ import argparse
 import json
 import math
 import random
+import secrets
 import statistics
 import sys
 import threading
@@ -34,19 +35,23 @@ from typing import Any
 
 from aurora_store.bus import ActorState, ControlPlane, Lease, RolloutResult
 from aurora_store.bus import streams as st
+from aurora_store.bus.identity import ActorKey, Credentials
 from aurora_store.metrics import Metrics
 from aurora_store.sched import LeasePolicy, Prompt
 from aurora_store.testing.servers import RedisServer
 from workers.trainer.dispatch import Dispatcher
 
 REGION = "home"
-FORGED_TOKEN = "forged"
+ADMISSION = secrets.token_urlsafe(24)  # the operator's admission secret of this load test
+FORGER = ActorKey.generate()  # a key nobody was admitted with
+#: What one simulated result carries: one sample of 64 tokens (the shape its lease asks for).
+SAMPLES = [{"ids": [1] * 64, "logprobs": [-0.5] * 64, "text": ""}]
 
 
 @dataclass
 class SimActor:
     actor_id: str
-    token: str = ""
+    key: ActorKey = field(default_factory=ActorKey.generate)
     active: int = 0
     staged: int | None = None
     cursor: str = "0"
@@ -94,8 +99,11 @@ class ActorShard(threading.Thread):
         now = self.plane.now_ms()
         for actor in self.actors.values():
             actor.cursor = self.plane.latest_id(self.plane.keys.work(actor.actor_id))
-            actor.token = self.plane.register_actor(actor.state(now))
+            self.plane.register_actor(actor.state(now), self.credentials(actor))
             actor.next_heartbeat = time.monotonic() + self.heartbeat_s * self.rng.random()
+
+    def credentials(self, actor: SimActor) -> Credentials:
+        return Credentials.issue(actor.key, ADMISSION, self.plane.run, actor.actor_id)
 
     def run(self) -> None:
         try:
@@ -155,19 +163,23 @@ class ActorShard(threading.Thread):
             done = [lease for due, lease in actor.running if due <= now]
             actor.running = [(due, lease) for due, lease in actor.running if due > now]
             for lease in done:
-                honest = RolloutResult("result", lease.lease_id, actor.actor_id, actor.token, lease.version,
-                                       lease.weights_digest, tokens=64, gen_seconds=0.05)
-                if self.rng.random() < self.bad_rate:  # a forger races the honest result with a wrong token
-                    out.append(RolloutResult("result", lease.lease_id, actor.actor_id, FORGED_TOKEN, lease.version,
-                                             lease.weights_digest, tokens=64))
+                run = self.plane.run
+                honest = actor.key.signed(run, RolloutResult("result", lease.lease_id, actor.actor_id, "",
+                                                             lease.version, lease.weights_digest, tokens=64,
+                                                             gen_seconds=0.05, samples=SAMPLES))
+                if self.rng.random() < self.bad_rate:  # a forger races the honest result, signed by its own key
+                    out.append(FORGER.signed(run, RolloutResult("result", lease.lease_id, actor.actor_id, "",
+                                                                lease.version, lease.weights_digest, tokens=64,
+                                                                samples=SAMPLES)))
                     forged += 1
                 out.append(honest)
                 if self.rng.random() < self.bad_rate:  # an at-least-once retry: the same result twice
                     out.append(honest)
                     resent += 1
                 if self.rng.random() < self.bad_rate:  # a result for a lease nobody granted
-                    out.append(RolloutResult("result", uuid.uuid4().hex, actor.actor_id, actor.token,
-                                             lease.version, lease.weights_digest, tokens=64))
+                    out.append(actor.key.signed(run, RolloutResult("result", uuid.uuid4().hex, actor.actor_id, "",
+                                                                   lease.version, lease.weights_digest, tokens=64,
+                                                                   samples=SAMPLES)))
                     unknown += 1
         if out:
             # The XADD of ControlPlane.send_result, pipelined because one thread speaks for many actors.
@@ -191,7 +203,7 @@ class ActorShard(threading.Thread):
             return
         server_ms = self.plane.now_ms()
         for actor in due:
-            self.plane.heartbeat_actor(actor.state(server_ms), actor.token)
+            self.plane.heartbeat_actor(actor.state(server_ms), self.credentials(actor))
             actor.next_heartbeat = now + self.heartbeat_s
 
     def vanish(self, actor_id: str) -> None:
@@ -219,7 +231,7 @@ def run_one(n_actors: int, *, steps: int = 5, prompts_per_actor: int = 2, gen_ms
         plane = ControlPlane(url, run, heartbeat_ttl_s=30)
         verdicts: list[tuple[str, RolloutResult | None, Any]] = []
         dispatcher = Dispatcher(plane, REGION, "trainer-load", LeasePolicy(initial_ms=3_000, min_ms=1_500),
-                                metrics=Metrics("trainer", run, REGION),
+                                admission_secret=ADMISSION, metrics=Metrics("trainer", run, REGION),
                                 on_verdict=lambda reason, result, verdict: verdicts.append((reason, result, verdict)))
         sims = [SimActor(f"a{i:04d}") for i in range(n_actors)]
         stop, lock, tally = threading.Event(), threading.Lock(), Tally()
@@ -273,7 +285,7 @@ def run_one(n_actors: int, *, steps: int = 5, prompts_per_actor: int = 2, gen_ms
     accepted = [(result, verdict) for reason, result, verdict in verdicts if reason == "ok"]
     accepted_leases = Counter(result.lease_id for result, _ in accepted)
     accepted_prompts = Counter(verdict.lease.lease.prompt_id for _, verdict in accepted)
-    wrong = (sum(1 for result, _ in accepted if result.token == FORGED_TOKEN)
+    wrong = (sum(1 for result, _ in accepted if result.signature == FORGER.signed(run, result).signature)
              + sum(c - 1 for c in accepted_leases.values() if c > 1)
              + sum(c - 1 for c in accepted_prompts.values() if c > 1))
     granted = {lease_id for ledger in ledgers for lease_id in ledger.leases}

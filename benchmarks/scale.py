@@ -40,6 +40,7 @@ import torch
 from aurora_store.codec.digest import ZERO, WeightsDigest, hash_range
 from aurora_store.codec.extract import MASK_BLOCK
 from aurora_store.codec.layout import ModelLayout
+from benchmarks.moe import MOE_SIZES, ExpertGradients, density_split, is_moe
 
 _QWEN3 = {"model_type": "qwen3", "vocab_size": 151936, "head_dim": 128, "tie_word_embeddings": True}
 SIZES: dict[str, dict[str, Any]] = {
@@ -143,6 +144,7 @@ def _role_generate(spec: dict[str, Any]) -> dict[str, Any]:
     workdir = Path(spec["workdir"])
     lr, warmup, seed = spec["lr"], spec["warmup"], spec["seed"]
     digest = ZERO  # of the base version (the actor and the manifest need it; the new one follows from the delta)
+    experts = ExpertGradients(spec["config"], seed)  # MoE: only some experts get a gradient at each step
     t0 = time.perf_counter()
     with open(workdir / "old.bin", "wb") as f_old, open(workdir / "new.bin", "wb") as f_new:
         for train, name, lo, shape in _train_tensors(layout):
@@ -163,6 +165,9 @@ def _role_generate(spec: dict[str, Any]) -> dict[str, Any]:
                 old = master.to(torch.bfloat16)
                 for t in range(1, warmup + 2):
                     grad = torch.from_numpy(rng.standard_normal(n, dtype=np.float32))
+                    keep = experts.mask(train, start, n, shape, t)
+                    if keep is not None:
+                        grad.mul_(keep)
                     m.mul_(0.9).add_(grad, alpha=0.1)
                     v.mul_(0.999).addcmul_(grad, grad, value=0.001)
                     c1, c2 = 1 - 0.9**t, 1 - 0.999**t
@@ -170,10 +175,12 @@ def _role_generate(spec: dict[str, Any]) -> dict[str, Any]:
                     if t == warmup:
                         old = master.to(torch.bfloat16)
                 new = master.to(torch.bfloat16)
+                experts.count_changed(train, start, shape, warmup + 1, old, new)
                 digest = digest + hash_range(name, lo + start, old.view(torch.int16))
                 f_old.write(old.view(torch.int16).numpy().tobytes())
                 f_new.write(new.view(torch.int16).numpy().tobytes())
-    return {"generate_s": time.perf_counter() - t0, "old_digest": str(digest), "peak_rss": _peak_rss_bytes()}
+    return {"generate_s": time.perf_counter() - t0, "old_digest": str(digest), "peak_rss": _peak_rss_bytes(),
+            "expert_tally": experts.tally if experts.count else None}
 
 
 def _scan(layout: ModelLayout, old: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> float:
@@ -229,6 +236,7 @@ def _role_publish(spec: dict[str, Any]) -> dict[str, Any]:
             "scan_s": min(scans), "scan_median_s": float(np.median(scans)),
             "publish_vs_scan_median": float(np.median(ratios)),
             "changed": manifest.changed_total, "segments": report.segments,
+            "changed_by_tensor": dict(manifest.changed),
             "delta_bytes": report.total_bytes,
             # The raw peak: ru_maxrss, or the phases' high-water marks where a reset hid an earlier one.
             "peak_rss": max(_peak_rss_bytes(), rss.peak), "baseline_rss": baseline,
@@ -411,6 +419,7 @@ def _measure(name: str, config: dict[str, Any], *, server, streams: int, lr: flo
         "snapshot_loader_peak_rss_vs_model": snap_l["peak_rss"] / model_bytes,
         "generator_peak_rss_vs_model": gen["peak_rss"] / model_bytes,
         "generate_s": gen["generate_s"],
+        **(density_split(layout, pub["changed_by_tensor"], gen["expert_tally"]) if is_moe(config) else {}),
     }
 
 
@@ -506,7 +515,8 @@ def merge(outputs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
-    parser.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated, from {', '.join(SIZES)}")
+    parser.add_argument("--sizes", default=",".join(SIZES),
+                        help=f"comma-separated, from {', '.join([*SIZES, *MOE_SIZES])}")
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--warmup", type=int, default=2, help="Adam steps before the measured one")
@@ -526,10 +536,11 @@ def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
         sizes = TINY
     else:
         names = [s.strip() for s in args.sizes.split(",") if s.strip()]
-        unknown = [n for n in names if n not in SIZES]
+        known = {**SIZES, **MOE_SIZES}
+        unknown = [n for n in names if n not in known]
         if unknown:
-            raise SystemExit(f"unknown sizes {unknown}; choose from {list(SIZES)}")
-        sizes = {n: SIZES[n] for n in names}
+            raise SystemExit(f"unknown sizes {unknown}; choose from {list(known)}")
+        sizes = {n: known[n] for n in names}
     return run(sizes, streams=args.streams, lr=args.lr, warmup=args.warmup, budget_gib=args.memory_budget_gib,
                repeats=args.repeats)
 

@@ -4,6 +4,7 @@ emulator, Azurite)."""
 from __future__ import annotations
 
 import os
+import secrets
 import uuid
 
 import pytest
@@ -19,6 +20,11 @@ from aurora_store.testing.servers import (
     environment,
 )
 from tests import parallel
+
+pytest_plugins = ["tests.cpu_time"]
+
+# The operator's admission secret, for every trainer and actor a test starts (in-process or as a child).
+os.environ.setdefault("AURORA_ADMISSION_SECRET", secrets.token_urlsafe(24))
 
 settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True,
@@ -104,7 +110,10 @@ def azure_bucket_url(azure_server):
 
 @pytest.fixture(scope="session")
 def redis_server():
-    server = RedisServer().start()
+    """Valkey with the per-role ACL users (``redis_server.url_for("actor")``); ``url`` is the operator's."""
+    from aurora_store.bus import acl
+
+    server = RedisServer(acl_users={role: secrets.token_hex(16) for role in acl.ROLES}).start()
     yield server
     server.stop()
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from aurora_store.bus import ControlPlane
+from aurora_store.bus import ControlPlane, acl
 from aurora_store.errors import ServiceError
 from aurora_store.store import DeltaStore, open_bucket
 from aurora_store.testing.servers import RedisServer
@@ -26,14 +26,18 @@ class LocalCluster:
         self.run_dir = Path(spec.run_dir).absolute()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._own_redis = redis is None
-        self.redis = redis or RedisServer()
+        # Per-role ACL users (trainer, relay, actor): each process connects as its role, as in production.
+        self.redis = redis or RedisServer(acl_users={role: secrets.token_hex(16) for role in acl.ROLES})
         regions = sorted({spec.home, *spec.actors})
         self.buckets = spec.bucket_urls or {r: str(self.run_dir / "buckets" / r) for r in regions}
         for url in self.buckets.values():
             if "://" not in url:
                 Path(url).mkdir(parents=True, exist_ok=True)
         # The run's secret for the relays' segment caches (relays serve, actors read), through the environment.
-        env = {"AURORA_CACHE_TOKEN": secrets.token_urlsafe(24), **spec.env}
+        # The operator's admission secret: the trainer admits only actors that prove registration with it.
+        env = {"AURORA_CACHE_TOKEN": secrets.token_urlsafe(24), "AURORA_ADMISSION_SECRET": secrets.token_urlsafe(24),
+               **spec.env}
+        self.admission_secret = env["AURORA_ADMISSION_SECRET"]
         self.cache_token = env["AURORA_CACHE_TOKEN"]
         self.group = ProcessGroup(self.run_dir / "logs", env=env)
         self.signing_key: Path | None = None

@@ -45,9 +45,9 @@ class Commands:
         self.public_key = public_key
         self.metrics_ports: dict[str, int] = {}
 
-    @property
-    def common(self) -> list[str]:
-        return ["--redis", self.redis.url, "--run", self.spec.run]
+    def common(self, role: str) -> list[str]:
+        """Redis (as ``role``'s ACL user, when the server has them) and run."""
+        return ["--redis", self.redis.url_for(role), "--run", self.spec.run]
 
     @property
     def trust(self) -> list[str]:
@@ -72,19 +72,20 @@ class Commands:
             "--batch-size", str(spec.batch_size), "--group-size", str(spec.group_size),
             "--checkpoint-dir", str(self.run_dir / "trainer"), "--snapshot-every", str(spec.snapshot_every),
             *(["--signing-key", str(self.signing_key)] if self.signing_key else []),
-            *(self.common if not launcher else _torchrun_safe(self.common)), *spec.trainer_args, *(extra or [])]
+            *(self.common("trainer") if not launcher else _torchrun_safe(self.common("trainer"))), *spec.trainer_args,
+            *(extra or [])]
 
     def relay(self, name: str, region: str, extra: list[str] | None = None) -> list[str]:
         return [*self.metrics(name),
                 "--source", self.buckets[self.spec.home], "--dest", self.buckets[region], "--region", region,
                 "--cache-bind", "127.0.0.1", "--cache-port", "0", "--cache-host", "127.0.0.1",
-                *self.common, *self.trust, *self.spec.relay_args, *(extra or [])]
+                *self.common("relay"), *self.trust, *self.spec.relay_args, *(extra or [])]
 
     def actor(self, actor_id: str, region: str, extra: list[str] | None = None) -> tuple[str, list[str]]:
         args = [*self.metrics(f"actor-{actor_id}"),
                 "--bucket", self.buckets[region], "--source-bucket", self.buckets[self.spec.home], "--region", region,
                 "--id", actor_id, "--engine", self.spec.engine,
-                "--cache-dir", str(self.run_dir / "cache" / actor_id), *self.common, *self.trust,
+                "--cache-dir", str(self.run_dir / "cache" / actor_id), *self.common("actor"), *self.trust,
                 *self.spec.actor_args, *(extra or [])]
         # Actors asked to emulate a slower (or throttled, or boastful) engine run the emulating entry point; the
         # production actor has no such flags.

@@ -74,6 +74,52 @@ def _limit(cls, name: str, kind: str) -> int | None:
         return FLOAT_CHARS
     return None
 
+# --- bounds of the membership messages (registration, actor state, lease, result) ---------------------------
+# Everything an actor sends is checked here, where it is parsed: an ill-typed or out-of-range field makes the
+# whole message malformed (counted and dropped by the reader), never an exception in the trainer's loop.
+ACTOR_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
+LEASE_ID = re.compile(r"[0-9a-f]{32}")  # uuid4().hex, as the ledger makes them
+MAX_TEXT = 256  # short free-text fields (region, engine, host, digest, status)
+MAX_GROUP = 1024  # samples per prompt
+MAX_NEW_TOKENS = 1 << 17
+MAX_RATE = 1e9  # tokens/s a report may claim (finite and non-absurd; the trainer measures anyway)
+#: Bytes of a result's stream fields besides its samples (ids, digest, signature, numbers).
+RESULT_OVERHEAD = 2048
+#: Bytes one completion token may take in a result's samples JSON: its id, its logprob (repr of a float),
+#: its share of the decoded text, separators. The cap of a result is derived from its lease with this.
+BYTES_PER_TOKEN = 64
+BYTES_PER_SAMPLE = 128
+
+
+def result_cap(group_size: int, max_new_tokens: int) -> int:
+    """The most bytes a result for a lease of ``group_size`` × ``max_new_tokens`` can legitimately take."""
+    return RESULT_OVERHEAD + group_size * (BYTES_PER_SAMPLE + BYTES_PER_TOKEN * max_new_tokens)
+
+
+def _check_id(what: str, value: object, pattern: re.Pattern[str]) -> None:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise MessageError(f"{what}: not a valid id: {str(value)[:80]!r}")
+
+
+def _check_text(what: str, value: object, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or len(value) > MAX_TEXT:
+        raise MessageError(f"{what}: expected a string of at most {MAX_TEXT} characters")
+
+
+def _check_int(what: str, value: object, low: int, high: int, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise MessageError(f"{what}: expected an integer in [{low}, {high}], got {str(value)[:40]!r}")
+
+
+def _check_float(what: str, value: object, low: float, high: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
+                                                                              and low <= value <= high):
+        raise MessageError(f"{what}: expected a finite number in [{low}, {high}], got {str(value)[:40]!r}")
+
 
 def _coerce(cls, raw: Mapping[str, str]):
     kwargs: dict[str, Any] = {}
@@ -205,6 +251,22 @@ class ActorState(_Message):
     host: str = ""
     staging_version: int | None = None  # the version being fetched/decoded right now
 
+    STATUSES: ClassVar[tuple[str, ...]] = ("starting", "ready", "leaving")
+
+    def __post_init__(self) -> None:
+        _check_id("ActorState.actor_id", self.actor_id, ACTOR_ID)
+        for name in ("region", "engine", "source", "host"):
+            _check_text(f"ActorState.{name}", getattr(self, name))
+        _check_text("ActorState.active_digest", self.active_digest, optional=True)
+        for name in ("active_version", "staged_version", "staging_version"):
+            _check_int(f"ActorState.{name}", getattr(self, name), 0, MAX_VERSION, optional=True)
+        _check_float("ActorState.tokens_per_s", self.tokens_per_s, 0.0, MAX_RATE)
+        _check_int("ActorState.leases", self.leases, 0, 1 << 31)
+        _check_int("ActorState.heartbeat_ms", self.heartbeat_ms, 0, 1 << 62)
+        _check_int("ActorState.downloaded_bytes", self.downloaded_bytes, 0, 1 << 62)
+        if self.status not in self.STATUSES:
+            raise MessageError(f"ActorState.status: unknown status {self.status[:40]!r}")
+
 
 @dataclass(frozen=True)
 class RelayState(_Message):
@@ -246,15 +308,35 @@ class Lease(_Message):
     max_new_tokens: int
     temperature: float = 1.0
 
+    def __post_init__(self) -> None:
+        _check_id("Lease.lease_id", self.lease_id, LEASE_ID)
+        _check_text("Lease.prompt_id", self.prompt_id)
+        _check_text("Lease.weights_digest", self.weights_digest)
+        _check_int("Lease.step", self.step, 0, MAX_VERSION)
+        _check_int("Lease.version", self.version, 0, MAX_VERSION)
+        _check_int("Lease.expires_ms", self.expires_ms, 0, 1 << 62)
+        _check_int("Lease.group_size", self.group_size, 1, MAX_GROUP)
+        _check_int("Lease.max_new_tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS)
+        _check_float("Lease.temperature", self.temperature, 0.0, 100.0)
+        if not isinstance(self.prompt, str):
+            raise MessageError("Lease.prompt: expected a string")
+
+    @property
+    def result_cap(self) -> int:
+        """The most bytes a result for this lease may take (checked before the result is parsed)."""
+        return result_cap(self.group_size, self.max_new_tokens)
+
 
 @dataclass(frozen=True)
 class RolloutResult(_Message):
-    """What an actor returns for a lease; version and digest are stamped when generation was dispatched."""
+    """What an actor returns for a lease; version and digest are stamped when generation was dispatched.
+    ``signature``: the actor's Ed25519 signature over every other field (:mod:`aurora_store.bus.identity`).
+    The samples' shape is checked against the lease by the ledger, which alone knows the lease."""
 
     kind: str  # "result" or "return" (a lease handed back unfinished)
     lease_id: str
     actor_id: str
-    token: str
+    signature: str
     version: int | None = None
     weights_digest: str | None = None
     tokens: int = 0
@@ -263,7 +345,16 @@ class RolloutResult(_Message):
 
     def __post_init__(self) -> None:
         if self.kind not in ("result", "return"):
-            raise MessageError(f"unknown result kind {self.kind!r}")
+            raise MessageError(f"unknown result kind {str(self.kind)[:40]!r}")
+        _check_id("RolloutResult.lease_id", self.lease_id, LEASE_ID)
+        _check_id("RolloutResult.actor_id", self.actor_id, ACTOR_ID)
+        _check_text("RolloutResult.signature", self.signature)
+        _check_text("RolloutResult.weights_digest", self.weights_digest, optional=True)
+        _check_int("RolloutResult.version", self.version, 0, MAX_VERSION, optional=True)
+        _check_int("RolloutResult.tokens", self.tokens, 0, 1 << 40)
+        _check_float("RolloutResult.gen_seconds", self.gen_seconds, 0.0, 1e9)
+        if not isinstance(self.samples, list):
+            raise MessageError("RolloutResult.samples: expected a list")
 
 
 def as_dict(message: Any) -> dict[str, Any]:

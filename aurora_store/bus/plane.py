@@ -8,15 +8,16 @@ notifications are recovered by re-reading the bucket (the caller's job) or by le
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 import redis
 
 from aurora_store.bus import streams
 from aurora_store.bus.client import BLOCK_MS, Reconnecting
+from aurora_store.bus.identity import Credentials
 from aurora_store.bus.messages import (
     ActorState,
     Lease,
@@ -31,6 +32,24 @@ from aurora_store.bus.redis_keys import RunKeys
 from aurora_store.config import HEARTBEAT_TTL_S
 
 RESULTS_GROUP = "trainer"
+#: Results fetched per read. Each entry is at most the server's largest bulk (``proto-max-bulk-len``) per
+#: field, so this bounds what one read can cost the trainer before any entry is looked at.
+RESULTS_PER_READ = 16
+#: The cap of a result whose lease the reader does not know: enough for a hand-back or a late answer to be
+#: recognised and counted, nothing more.
+UNKNOWN_LEASE_CAP = 4096
+
+
+@dataclass(frozen=True)
+class Received:
+    """One entry of the results stream: its id, its arrival (server clock, ms), the parsed result or ``None``,
+    and why it is ``None`` (``"malformed"``: a missing or ill-typed field; ``"oversized"``: more bytes than its
+    lease allows, refused before parsing)."""
+
+    entry_id: str
+    arrival_ms: int
+    result: RolloutResult | None
+    problem: str | None = None
 
 log = logging.getLogger("aurora.bus.plane")
 
@@ -113,28 +132,26 @@ class ControlPlane:
 
     # --- live states -----------------------------------------------------------------------------
 
-    def register_actor(self, state: ActorState) -> str:
-        """Register (or re-register) an actor; returns the token its results must carry."""
-        token = secrets.token_hex(16)
-
+    def register_actor(self, state: ActorState, credentials: Credentials) -> None:
+        """Register (or re-register) an actor with its public key and admission proof (the trainer admits it
+        only if the proof verifies; nothing secret is written)."""
         def go(r: redis.Redis) -> None:
             pipe = r.pipeline()
             pipe.sadd(self.keys.actors, state.actor_id)
             pipe.hset(self.keys.actor(state.actor_id),
-                      mapping=streams.redis_fields({**state.to_fields(), "token": token}))
+                      mapping=streams.redis_fields({**state.to_fields(), **credentials.to_fields()}))
             pipe.expire(self.keys.actor(state.actor_id), self.heartbeat_ttl_s)
             pipe.execute()
             streams.add(r, self.keys.membership, {"kind": "join", "actor_id": state.actor_id,
                                                   "region": state.region})
         self._redis.call(go)
-        return token
 
-    def heartbeat_actor(self, state: ActorState, token: str) -> None:
+    def heartbeat_actor(self, state: ActorState, credentials: Credentials) -> None:
         def go(r: redis.Redis) -> None:
             pipe = r.pipeline()
             pipe.sadd(self.keys.actors, state.actor_id)
             pipe.hset(self.keys.actor(state.actor_id),
-                      mapping=streams.redis_fields({**state.to_fields(), "token": token}))
+                      mapping=streams.redis_fields({**state.to_fields(), **credentials.to_fields()}))
             pipe.expire(self.keys.actor(state.actor_id), self.heartbeat_ttl_s)
             pipe.execute()
         self._redis.call(go)
@@ -148,9 +165,10 @@ class ControlPlane:
             streams.add(r, self.keys.membership, {"kind": "leave", "actor_id": actor_id, "region": region})
         self._redis.call(go)
 
-    def actors(self) -> dict[str, tuple[ActorState, str]]:
-        """Live actors (heartbeat not expired) → ``(state, token)``; expired ones are pruned from the set."""
-        def go(r: redis.Redis) -> dict[str, tuple[ActorState, str]]:
+    def actors(self) -> dict[str, tuple[ActorState, Credentials]]:
+        """Live actors (heartbeat not expired) → ``(state, credentials)``; expired ones are pruned from the set,
+        malformed ones skipped. The credentials are as registered: admitting them is the trainer's job."""
+        def go(r: redis.Redis) -> dict[str, tuple[ActorState, Credentials]]:
             ids = [streams.decode(i) for i in r.smembers(self.keys.actors)]
             pipe = r.pipeline(transaction=False)  # independent reads: no MULTI/EXEC to queue and unwrap
             for actor_id in ids:
@@ -161,11 +179,13 @@ class ControlPlane:
                 if not fields:
                     r.srem(self.keys.actors, actor_id)
                     continue
-                token = fields.pop("token", "")
+                credentials = Credentials(fields.pop("public_key", ""), fields.pop("admission", ""))
                 try:
-                    out[actor_id] = (ActorState.from_fields(fields), token)
+                    state = ActorState.from_fields(fields)
                 except MessageError:
                     continue
+                if state.actor_id == actor_id:  # a hash claiming another actor's id under its own key is junk
+                    out[actor_id] = (state, credentials)
             return out
         return self._redis.call(go)
 
@@ -242,17 +262,26 @@ class ControlPlane:
         self._redis.call(lambda r: streams.ensure_group(r, self.keys.results, RESULTS_GROUP))
 
     def read_results(self, consumer: str, *, block_ms: int | None = BLOCK_MS,
-                     ) -> list[tuple[str, int, RolloutResult | None]]:
-        """New results for the trainer's group: ``(entry id, arrival ms on the server clock, result)``;
-        ``result`` is ``None`` for a malformed entry (counted and rejected by the caller)."""
+                     cap_of: Callable[[str], int | None] | None = None) -> list[Received]:
+        """New results for the trainer's group (at most :data:`RESULTS_PER_READ`). ``cap_of(lease_id)``: the
+        most bytes a result for that lease may take (``None``: unknown lease, :data:`UNKNOWN_LEASE_CAP`); a
+        larger entry is refused before its fields are decoded or parsed, so a huge message costs the trainer
+        its raw bytes once, never its parsed size. No cap function: entries are parsed whatever their size."""
         entries = self._redis.call(
-            lambda r: streams.read_group(r, self.keys.results, RESULTS_GROUP, consumer, block_ms=block_ms))
+            lambda r: streams.read_group_raw(r, self.keys.results, RESULTS_GROUP, consumer, block_ms=block_ms,
+                                             count=RESULTS_PER_READ))
         out = []
         for entry in entries:
+            if cap_of is not None:
+                cap = cap_of(streams.decode(entry.fields.get("lease_id", b""))[:64])
+                if entry.size > (UNKNOWN_LEASE_CAP if cap is None else cap):
+                    out.append(Received(entry.id, entry.millis, None, "oversized"))
+                    continue
             try:
-                out.append((entry.id, entry.millis, RolloutResult.from_fields(entry.fields)))
-            except MessageError:
-                out.append((entry.id, entry.millis, None))
+                fields = {k: streams.decode(v) for k, v in entry.fields.items()}
+                out.append(Received(entry.id, entry.millis, RolloutResult.from_fields(fields)))
+            except (MessageError, UnicodeDecodeError):
+                out.append(Received(entry.id, entry.millis, None, "malformed"))
         return out
 
     def ack_results(self, ids: list[str]) -> None:

@@ -100,9 +100,29 @@ def ensure_group(client: redis.Redis, stream: str, group: str, start: str = "0")
             raise
 
 
-def read_group(client: redis.Redis, stream: str, group: str, consumer: str, *, block_ms: int | None = BLOCK_MS,
-               count: int = 100) -> list[Entry]:
-    """XREADGROUP of new entries; re-creates the group if the server lost it (e.g. after a restart)."""
+@dataclass(frozen=True)
+class RawEntry:
+    """A stream entry whose field values are still the bytes the server sent (see :func:`read_group_raw`)."""
+
+    stream: str
+    id: str
+    fields: Mapping[str, bytes]
+
+    @property
+    def millis(self) -> int:
+        return int(self.id.split("-", 1)[0])
+
+    @property
+    def size(self) -> int:
+        """Bytes of all names and values: what the entry costs before anything is decoded."""
+        return sum(len(k) + len(v) for k, v in self.fields.items())
+
+
+def read_group_raw(client: redis.Redis, stream: str, group: str, consumer: str, *,
+                   block_ms: int | None = BLOCK_MS, count: int = 100) -> list[RawEntry]:
+    """XREADGROUP of new entries, re-creating the group if the server lost it (e.g. after a restart). Values
+    are left as bytes: a reader that bounds what it parses by size checks the size first (decoding alone
+    would copy a huge value once more)."""
     try:
         reply = _reply(client.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms or None))
     except redis.ResponseError as exc:
@@ -110,7 +130,12 @@ def read_group(client: redis.Redis, stream: str, group: str, consumer: str, *, b
             raise
         ensure_group(client, stream, group)
         reply = _reply(client.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms or None))
-    return [_entry(stream, eid, fields) for _, entries in reply or () for eid, fields in entries]
+    out = []
+    for _, entries in reply or ():
+        for eid, raw in entries:
+            values = {decode(k): v if isinstance(v, bytes) else str(v).encode() for k, v in (raw or {}).items()}
+            out.append(RawEntry(stream, decode(eid), values))
+    return out
 
 
 def ack(client: redis.Redis, stream: str, group: str, ids: Sequence[str]) -> None:

@@ -3,6 +3,7 @@
 from aurora_store.sched.allocation import (
     ActorView,
     Eligibility,
+    ExpiryBackoff,
     Measurement,
     ThroughputEstimator,
     allocate,
@@ -11,5 +12,5 @@ from aurora_store.sched.allocation import (
 )
 from aurora_store.sched.ledger import LeasePolicy, Prompt, StepLedger, Verdict
 
-__all__ = ["ActorView", "Eligibility", "LeasePolicy", "Measurement", "Prompt", "StepLedger", "ThroughputEstimator",
-           "Verdict", "allocate", "eligibility", "refill"]
+__all__ = ["ActorView", "Eligibility", "ExpiryBackoff", "LeasePolicy", "Measurement", "Prompt", "StepLedger",
+           "ThroughputEstimator", "Verdict", "allocate", "eligibility", "refill"]

@@ -121,8 +121,11 @@ class ThroughputEstimator:
       weight of the newest measurement). An actor's first measurement replaces its prior (or is blended
       with its decayed estimate, never ending above the measurement).
     * What an actor says about itself (its heartbeat) is only a prior for an actor never measured and never
-      decayed, and it is capped by the median of the measured estimates (of the reports, while nobody has
-      been measured): a boastful newcomer cannot take the batch, an honest slow one is not overloaded.
+      decayed, and it is capped by the lower median of the measured estimates (of the reports, while nobody
+      has been measured; the *lower* median, so that of two reports the smaller one caps, not their mean):
+      a boastful newcomer cannot take the batch, an honest slow one is not overloaded.
+    * An actor never measured is *on probation*: its share is at most ``probation`` × the equal share
+      (at least one prompt) while measured actors can take the rest (:meth:`shares`).
     * Exclusion multiplies τ_a by α (``alpha``); the decayed value stays until measured settlements raise it
       (reports no longer touch it), so a rejoining actor starts conservatively, as in the paper (§5.3).
     * An actor the trainer has not seen live (deregistered, or its heartbeat expired) for ``forget_after_s``
@@ -138,21 +141,24 @@ class ThroughputEstimator:
     measured: set[str] = field(default_factory=set)
     priors: dict[str, float] = field(default_factory=dict)  # self-reports of actors without an estimate
     forget_after_s: float = 60.0
+    probation: float = 0.5  # an unmeasured actor's share, at most this fraction of the equal share
     _absent: dict[str, float] = field(default_factory=dict, init=False, repr=False)  # actor → first missed
 
     def __post_init__(self) -> None:
         if not (0 < self.beta <= 1 and 0 < self.alpha <= 1):
             raise SchedulingError(f"throughput EMA β and exclusion decay α must be in (0, 1], got β={self.beta!r}, "
                                   f"α={self.alpha!r}")
+        if not 0 < self.probation <= 1:
+            raise SchedulingError(f"probation must be in (0, 1], got {self.probation!r}")
 
     def _bound(self) -> float | None:
-        """The cap on priors: the median of measured estimates, else of the reports, else none."""
+        """The cap on priors: the lower median of measured estimates, else of the reports, else none."""
         known = sorted(self.estimates[a] for a in self.measured if a in self.estimates)
         if not known:
             known = sorted(self.priors.values())
         if not known:
             return None
-        return statistics.median(known)
+        return statistics.median_low(known)
 
     def get(self, actor_id: str) -> float:
         if actor_id in self.estimates:
@@ -215,12 +221,70 @@ class ThroughputEstimator:
         actor whose share rounds to zero would never be measured again, so a decayed estimate could never
         recover."""
         shares = allocate(batch, {a: self.get(a) for a in eligible})
+        shares = self._on_probation(batch, shares)
         if batch >= len(eligible):
             for actor_id in sorted(a for a, n in shares.items() if n == 0):
                 donor = max(shares, key=lambda a: (shares[a], a))
                 shares[donor] -= 1
                 shares[actor_id] = 1
         return shares
+
+
+    def _on_probation(self, batch: int, shares: dict[str, int]) -> dict[str, int]:
+        """Cap each unmeasured actor at ``probation`` × the equal share (at least one prompt); what the caps
+        free goes to the measured actors, by their estimates. Nobody measured: nothing to hand it to."""
+        measured = {a: self.get(a) for a in shares if a in self.measured}
+        if not measured or not batch:
+            return shares
+        cap = max(1, math.floor(self.probation * batch / len(shares)))
+        freed = sum(max(n - cap, 0) for a, n in shares.items() if a not in measured)
+        if not freed:
+            return shares
+        out = {a: (min(n, cap) if a not in measured else n) for a, n in shares.items()}
+        for actor_id, extra in allocate(freed, measured).items():
+            out[actor_id] += extra
+        return out
+
+
+@dataclass
+class ExpiryBackoff:
+    """Actors whose leases keep expiring are probed only every few steps.
+
+    An actor that let leases expire in a step without delivering anything gets a strike; another delivery
+    clears them. From ``after`` strikes on it is granted work only on every ``every``-th step since its last
+    probe: a silent registration (or a host that has gone quiet) costs one lease expiry every ``every``
+    steps, not every step, and an actor that comes back is measured again at its next probe."""
+
+    after: int = 2
+    every: int = 4
+    strikes: dict[str, int] = field(default_factory=dict)
+    last_probe: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.after < 1 or self.every < 1:
+            raise SchedulingError(f"expiry backoff needs after >= 1 and every >= 1, got {self.after}, {self.every}")
+
+    def allowed(self, actor_id: str, step: int) -> bool:
+        """Whether ``actor_id`` may be granted work in ``step`` (a probe counts from here)."""
+        if self.strikes.get(actor_id, 0) < self.after:
+            return True
+        last = self.last_probe.get(actor_id)
+        if last is None or step - last >= self.every or step == last:
+            self.last_probe[actor_id] = step
+            return True
+        return False
+
+    def settled(self, actor_id: str, *, delivered: bool, expired: bool) -> None:
+        """The outcome of ``actor_id``'s work in a step."""
+        if delivered:
+            self.strikes.pop(actor_id, None)
+            self.last_probe.pop(actor_id, None)
+        elif expired:
+            self.strikes[actor_id] = self.strikes.get(actor_id, 0) + 1
+
+    def forget(self, actor_id: str) -> None:
+        self.strikes.pop(actor_id, None)
+        self.last_probe.pop(actor_id, None)
 
 
 def _check_rate(tokens_per_s: float) -> None:

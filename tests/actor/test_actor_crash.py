@@ -24,7 +24,7 @@ def test_an_actor_whose_stager_crashes_leaves_and_exits_non_zero(tmp_path):
         actor = Actor(parse_args([
             "--bucket", cluster.buckets["us-east"], "--region", "us-east", "--id", "crashy",
             "--engine", spec.engine, "--cache-dir", str(tmp_path / "cache" / "crashy"),
-            *cluster.commands.common, *cluster.commands.trust]))
+            *cluster.commands.common("actor"), *cluster.commands.trust]))
 
         def bug(step, **_):
             raise RuntimeError(f"injected bug while staging {step.version}")

@@ -73,11 +73,12 @@ def test_the_wrapper_passes_weight_changes_and_closing_through():
 
 def test_emulation_flags_are_taken_and_the_rest_goes_to_the_actor():
     emulation, rest = parse(["--bucket", "b", "--sim-tokens-per-s", "7", "--sim-full-length", "--claim-tokens-per-s",
-                             "9", "--region", "r", "--throttle-file", "/tmp/x", "--slowdown", "3"])
-    assert emulation == Emulation(3.0, 7.0, True, "/tmp/x", 9.0)
+                             "9", "--region", "r", "--throttle-file", "/tmp/x", "--slowdown", "3",
+                             "--forge-rollouts", "copied_logprobs"])
+    assert emulation == Emulation(3.0, 7.0, True, "/tmp/x", 9.0, "copied_logprobs")
     assert rest == ["--bucket", "b", "--region", "r"]
     assert set(FLAGS) == {"--slowdown", "--sim-tokens-per-s", "--sim-full-length", "--throttle-file",
-                          "--claim-tokens-per-s"}
+                          "--claim-tokens-per-s", "--forge-rollouts"}
 
 
 def test_the_production_actor_has_no_emulation_flags():

@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from aurora_store.bus import ActorState, ControlPlane, RolloutResult
+from aurora_store.bus import ActorState, ControlPlane
 from aurora_store.metrics import Metrics
 from aurora_store.sched import LeasePolicy, Prompt
+from aurora_store.testing.members import Member, admission_secret
 from benchmarks.control_plane import growth, run_one
 from workers.trainer.dispatch import Dispatcher
 
@@ -18,7 +19,7 @@ def test_load_test_ten_actors_is_safe():
     # the forgeries, resends and unknown leases were really sent, and every one of them was rejected
     injected = run["injected"]
     assert injected["forged"] + injected["resent"] + injected["unknown_lease"] > 0
-    assert run["rejected"].get("bad_token", 0) == injected["forged"]
+    assert run["rejected"].get("bad_signature", 0) == injected["forged"]
     assert run["rejected"].get("unknown_lease", 0) == injected["unknown_lease"]
     assert run["rejected"].get("duplicate", 0) + run["rejected"].get("not_active", 0) >= injected["resent"]
     # the vanished actor's leases expired and were re-granted to others
@@ -36,12 +37,13 @@ def test_growth_is_the_log_log_slope():
     assert abs(slopes["redis_memory_bytes"] - 2) < 1e-9 and slopes["redis_cmds_per_s"] is None
 
 
-def _actors(plane: ControlPlane, n: int) -> dict[str, str]:
-    tokens = {}
+def _actors(plane: ControlPlane, n: int) -> dict[str, Member]:
+    members = {}
     for i in range(n):
         state = ActorState(f"a{i:03d}", "home", "sim", 0, "d0", None, 100.0 + i, 0, "ready", 1, "regional")
-        tokens[state.actor_id] = plane.register_actor(state)
-    return tokens
+        members[state.actor_id] = member = Member(state.actor_id, plane.run)
+        member.register(plane, state)
+    return members
 
 
 class Counted:
@@ -62,7 +64,8 @@ def test_dispatch_round_trips_do_not_grow_with_actors(redis_url):
     for n in (5, 80):
         plane = ControlPlane(redis_url, f"rt{n}")
         _actors(plane, n)
-        dispatcher = Dispatcher(plane, "home", "t", LeasePolicy(), metrics=Metrics("trainer", f"rt{n}", "home"))
+        dispatcher = Dispatcher(plane, "home", "t", LeasePolicy(), admission_secret=admission_secret(),
+                                metrics=Metrics("trainer", f"rt{n}", "home"))
         counted = Counted(plane)
         ledger = dispatcher.start_step(1, 0, "d0", [Prompt(f"p{i}", "x") for i in range(3 * n)], group_size=1,
                                        max_new_tokens=4)
@@ -77,17 +80,16 @@ def test_dispatch_round_trips_do_not_grow_with_actors(redis_url):
 
 def test_regrant_and_settle_batch_round_trips(redis_url):
     plane = ControlPlane(redis_url, "regrant")
-    tokens = _actors(plane, 40)
+    members = _actors(plane, 40)
     dispatcher = Dispatcher(plane, "home", "t", LeasePolicy(initial_ms=1, min_ms=1),
-                            metrics=Metrics("trainer", "regrant", "home"))
+                            admission_secret=admission_secret(), metrics=Metrics("trainer", "regrant", "home"))
     ledger = dispatcher.start_step(1, 0, "d0", [Prompt(f"p{i}", "x") for i in range(80)], group_size=1,
                                    max_new_tokens=4)
     first = {r.lease.prompt_id: r.actor_id for r in ledger.leases.values()}
     time.sleep(0.01)  # past every 1 ms lease on the server clock
     # a third of the results arrive (on time is impossible: 1 ms leases); the rest expire and are re-granted
     for record in list(ledger.leases.values())[:30]:
-        plane.send_result(RolloutResult("result", record.lease.lease_id, record.actor_id, tokens[record.actor_id],
-                                        0, "d0", tokens=4))
+        plane.send_result(members[record.actor_id].result(record.lease))
     counted = Counted(plane)
     dispatcher.pump(ledger, block_ms=100)
     assert dispatcher.stats.results_received == 30 and ledger.rejected["late"] == 30

@@ -10,8 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aurora_store.bus import ActorState, ControlPlane, Lease, RolloutResult, VersionEvent, connect
+from aurora_store.bus.identity import Credentials
 from aurora_store.bus.messages import MAX_MILLIS, MAX_SEGMENT_BYTES, MAX_VERSION
 from aurora_store.errors import BusAuthError, BusError
+from aurora_store.testing.members import Member
 from aurora_store.testing.servers import RedisServer, free_port
 
 pytestmark = pytest.mark.redis
@@ -56,6 +58,47 @@ def test_malformed_messages_are_typed_errors():
         Lease.from_fields({"lease_id": "x"})
 
 
+L1, L2 = "1" * 32, "2" * 32
+
+
+@pytest.mark.parametrize("change", [
+    {"lease_id": "../../etc"}, {"actor_id": ""}, {"actor_id": "a" * 200}, {"version": "-1"},
+    {"version": str(2**60)}, {"tokens": "1e9"}, {"gen_seconds": "nan"}, {"samples": '{"ids": []}'},
+    {"samples": "[1,"}, {"kind": "bogus"}, {"signature": "x" * 1000},
+])
+def test_an_ill_typed_or_out_of_range_result_field_is_a_typed_error(change):
+    from aurora_store.bus import MessageError
+
+    good = RolloutResult("result", L1, "a1", "sig", 4, "d", 3, 0.5, [{"ids": [1], "logprobs": [-1.0], "text": ""}])
+    assert RolloutResult.from_fields(good.to_fields()) == good
+    with pytest.raises(MessageError):
+        RolloutResult.from_fields({**good.to_fields(), **change})
+    missing = {k: v for k, v in good.to_fields().items() if k != "lease_id"}
+    with pytest.raises(MessageError, match="missing"):
+        RolloutResult.from_fields(missing)
+
+
+@pytest.mark.parametrize("change", [
+    {"tokens_per_s": "inf"}, {"tokens_per_s": "1e12"}, {"tokens_per_s": "-1"}, {"status": "king"},
+    {"active_version": "-3"}, {"actor_id": "a b"}, {"region": "r" * 300},
+])
+def test_an_actor_state_out_of_range_is_a_typed_error(change):
+    from aurora_store.bus import MessageError
+
+    with pytest.raises(MessageError):
+        ActorState.from_fields({**actor_state("a1").to_fields(), **change})
+
+
+def test_a_lease_is_bounded_and_caps_its_result():
+    from aurora_store.bus import MessageError
+
+    lease = Lease(L1, "p1", 1, 4, "d", 123, "2+2=", 4, 8)
+    assert lease.result_cap < 8 * 1024  # 4 samples × 8 tokens: a few kB, never megabytes
+    for change in ({"group_size": "0"}, {"max_new_tokens": str(10**9)}, {"lease_id": "L1"}):
+        with pytest.raises(MessageError):
+            Lease.from_fields({**lease.to_fields(), **change})
+
+
 def test_events_are_delivered_in_order_and_blocking_reads_time_out_quietly(redis_url):
     plane = ControlPlane(redis_url, "r1")
     cursor = plane.latest_event_id("home")
@@ -70,10 +113,12 @@ def test_events_are_delivered_in_order_and_blocking_reads_time_out_quietly(redis
 
 def test_actor_registration_heartbeat_expiry_and_leave(redis_url):
     plane = ControlPlane(redis_url, "r2", heartbeat_ttl_s=1)
-    token = plane.register_actor(actor_state("a1"))
-    plane.register_actor(actor_state("a2", version=2))
+    member = Member("a1", "r2")
+    plane.register_actor(actor_state("a1"), member.credentials)
+    plane.register_actor(actor_state("a2", version=2), Credentials())
     actors = plane.actors()
-    assert set(actors) == {"a1", "a2"} and actors["a1"][1] == token and actors["a2"][0].active_version == 2
+    assert set(actors) == {"a1", "a2"} and actors["a1"][1] == member.credentials
+    assert actors["a2"][0].active_version == 2
     plane.deregister_actor("a2", "eu")
     assert set(plane.actors()) == {"a1"}
     time.sleep(1.3)  # no heartbeat: the actor's state expires and it is pruned
@@ -85,16 +130,16 @@ def test_actor_registration_heartbeat_expiry_and_leave(redis_url):
 def test_leases_and_results_with_a_consumer_group(redis_url):
     plane = ControlPlane(redis_url, "r3")
     plane.ensure_results_group()
-    lease = Lease("L1", "p1", 1, 4, "lthash128:" + "1" * 32, 123, "2+2=", 4, 8)
+    lease = Lease(L1, "p1", 1, 4, "lthash128:" + "1" * 32, 123, "2+2=", 4, 8)
     plane.grant("a1", [lease])
     work = plane.read_work("a1", "0", block_ms=100)
     assert [w for _, w in work] == [lease]
-    result = RolloutResult("result", "L1", "a1", "tok", 4, "lthash128:" + "1" * 32, 17, 0.5,
+    result = RolloutResult("result", L1, "a1", "tok", 4, "lthash128:" + "1" * 32, 17, 0.5,
                            [{"ids": [1, 2], "logprobs": [-0.1, -0.2], "text": "4"}])
     plane.send_result(result)
     got = plane.read_results("trainer-old", block_ms=100)
-    assert got[0][2] == result and got[0][1] > 0
-    plane.ack_results([got[0][0]])
+    assert got[0].result == result and got[0].arrival_ms > 0 and got[0].problem is None
+    plane.ack_results([got[0].entry_id])
     assert plane.read_results("trainer-old", block_ms=100) == []
 
 
@@ -135,15 +180,15 @@ def test_restart_mid_run_reconnects_and_recreates_the_group():
         reconnected = []
         plane = ControlPlane(server.url, "r4", on_reconnect=lambda: reconnected.append(1))
         plane.ensure_results_group()
-        plane.send_result(RolloutResult("return", "L1", "a1", "t"))
+        plane.send_result(RolloutResult("return", L1, "a1", "t"))
         assert len(plane.read_results("c", block_ms=100)) == 1
         server.restart()  # all data lost: streams, groups, states
         time.sleep(1.1)
-        plane.register_actor(actor_state("a9"))  # reconnects transparently
+        plane.register_actor(actor_state("a9"), Credentials())  # reconnects transparently
         assert reconnected and set(plane.actors()) == {"a9"}
-        plane.send_result(RolloutResult("return", "L2", "a9", "t"))
+        plane.send_result(RolloutResult("return", L2, "a9", "t"))
         got = plane.read_results("c", block_ms=100)  # NOGROUP → group re-created → reads new entry
-        assert [r.lease_id for _, _, r in got] == ["L2"]
+        assert [entry.result.lease_id for entry in got if entry.result] == [L2]
 
 
 def test_plain_client_api_still_works(redis_url):
@@ -159,7 +204,7 @@ needs_tls_server = pytest.mark.skipif(
 def test_tls_and_auth_end_to_end_and_clear_errors_on_misconfiguration():
     with RedisServer(tls=True, password="s3cret").start() as server:
         plane = ControlPlane(server.url, "tls")
-        plane.register_actor(actor_state("a1"))
+        plane.register_actor(actor_state("a1"), Credentials())
         assert set(plane.actors()) == {"a1"}
         started = time.monotonic()
         with pytest.raises(BusAuthError, match="TLS"):

@@ -28,7 +28,7 @@ KUBERNETES_VERSION = "1.33.0"  # schemas of a release every managed offering run
 RENDERINGS = ["base", "overlays/external-redis"]
 COMPONENTS = ["spot-eks", "spot-gke", "spot-aks"]
 SENTINELS = {"redis-password": "sentinel-redis-pw-5f1c", "signing-key": "sentinel-signing-key-77ab",
-             "cache-token": "sentinel-cache-token-3e90"}
+             "cache-token": "sentinel-cache-token-3e90", "admission-secret": "sentinel-admission-9d21"}
 
 
 def kubectl() -> str:

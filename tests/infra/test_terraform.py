@@ -60,6 +60,7 @@ TEMPLATE_VALUES = {
     "stop_timeout_s": "90",
     "cache_port": "8470",
     "signing_key_secret_id": "aurora/demo/trainer-signing-key",
+    "admission_secret_id": "aurora/demo/admission-secret",
     "data_device": "/dev/disk/by-id/google-aurora-ckpt",
     "data_volume_tag": "aurora-checkpoint-volume",
     "nproc_per_node": "4",
@@ -610,20 +611,22 @@ def test_aws_plan_trainer_on_demand_with_checkpoint_volume_secret_and_private_me
     assert (volume["size"], volume["encrypted"], volume["availability_zone"]) == (2000, True, "us-east-1a")
     (attachment,) = _changes(aws_plan, "aws_volume_attachment").values()
     assert attachment["stop_instance_before_detaching"] is True
-    (secret,) = _changes(aws_plan, "aws_secretsmanager_secret").values()
-    assert secret["name"] == "aurora/demo/trainer-signing-key"
+    secrets = {s["name"] for s in _changes(aws_plan, "aws_secretsmanager_secret").values()}
+    assert secrets == {"aurora/demo/trainer-signing-key", "aurora/demo/admission-secret"}
     types = {rc["type"] for rc in aws_plan["resource_changes"]}
-    assert "aws_secretsmanager_secret_version" not in types  # the key's value never enters Terraform's state
+    assert "aws_secretsmanager_secret_version" not in types  # neither value ever enters Terraform's state
+    assert 'get_secret_value(SecretId="aurora/demo/admission-secret")' in script  # read at boot, not user data
     metrics = {a: r for a, r in _changes(aws_plan, "aws_vpc_security_group_ingress_rule").items()
                if a.startswith("module.trainer.")}
     assert [(r["cidr_ipv4"], r["from_port"], r["to_port"]) for r in metrics.values()] == [("10.64.0.0/16", 9400, 9400)]
 
 
-def test_aws_trainer_role_reads_only_its_signing_key():
-    (statement,) = [s for s in statements(_aws_policy_documents()["aws/trainer"])
-                    if any(a.startswith("secretsmanager:") for a in s["actions"])]
-    assert statement["actions"] == ["secretsmanager:GetSecretValue"]
-    assert statement["resources"] == ["${module.trainer.signing_key_secret_arn}"]
+def test_aws_trainer_role_reads_only_its_signing_key_and_the_admission_secret():
+    found = [s for s in statements(_aws_policy_documents()["aws/trainer"])
+             if any(a.startswith("secretsmanager:") for a in s["actions"])]
+    assert all(s["actions"] == ["secretsmanager:GetSecretValue"] for s in found)
+    assert sorted(r for s in found for r in s["resources"]) == [
+        "${aws_secretsmanager_secret.admission.arn}", "${module.trainer.signing_key_secret_arn}"]
 
 
 def test_aws_remote_region_slots_agree():
@@ -758,7 +761,10 @@ def test_aws_no_worker_role_may_delete():
 def test_aws_roles_least_privilege():
     documents = _aws_policy_documents()
     actor = {a for a, _ in _allowed_actions(documents["aws-actors/actor"])}
-    assert actor == {"s3:ListBucket", "s3:GetObject", "ssm:GetParameter"}  # read-only
+    assert actor == {"s3:ListBucket", "s3:GetObject", "ssm:GetParameter", "secretsmanager:GetSecretValue"}  # read-only
+    for action, statement in _allowed_actions(documents["aws-actors/actor"]):
+        if action.startswith("secretsmanager:"):
+            assert statement["resources"] == ["${var.admission_secret_arn}"], "actors read the admission secret only"
     for action, statement in _allowed_actions(documents["aws-relay/relay"]):
         if action in ("s3:PutObject", "s3:AbortMultipartUpload"):
             assert statement["resources"] == ["${var.bucket_arn}/*"], "relays write only their regional bucket"

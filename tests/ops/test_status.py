@@ -9,6 +9,7 @@ import pytest
 from aurora_store.bus import ActorState, ControlPlane, RelayState, TrainerState
 from aurora_store.cli import main
 from aurora_store.ops.status import discover_runs, read_status
+from aurora_store.testing.members import Member
 from aurora_store.testing.servers import free_port
 
 RUN = "ops-status"
@@ -18,10 +19,11 @@ RUN = "ops-status"
 def plane(redis_url):
     plane = ControlPlane(redis_url, RUN)
     now = plane.now_ms()
-    token = plane.register_actor(ActorState("us-east-1", "us-east", "torch", 7, "lthash128:" + "1" * 32, 8,
-                                            1234.5, 3, "ready", now - 1500, "regional", 4096))
+    credentials = Member("us-east-1", RUN).credentials
+    plane.register_actor(ActorState("us-east-1", "us-east", "torch", 7, "lthash128:" + "1" * 32, 8,
+                                            1234.5, 3, "ready", now - 1500, "regional", 4096), credentials)
     plane.heartbeat_actor(ActorState("eu-west-1", "eu-west", "torch", 6, "lthash128:" + "2" * 32, None,
-                                     987.0, 0, "starting", now, "source"), token)
+                                     987.0, 0, "starting", now, "source"), credentials)
     plane.heartbeat_relay(RelayState("eu-west", 7, 21, 3 << 20, 30, 10, now - 500))
     plane.set_trainer_state(TrainerState(8, "lthash128:" + "3" * 32, 8, "/tmp/bucket", "us-east", now,
                                          "running", 7))

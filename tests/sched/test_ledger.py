@@ -6,20 +6,73 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from aurora_store.bus.messages import RolloutResult
+from aurora_store.bus.identity import ActorKey
 from aurora_store.sched import LeasePolicy, Prompt, StepLedger
+from aurora_store.testing.members import Member
 
 DIGEST = "lthash128:" + "ab" * 16
 OTHER = "lthash128:" + "cd" * 16
+RUN = "ledger"
+MEMBERS = {a: Member(a, RUN, secret="s" * 16) for a in ("a", "b", "c", "x", "y", "dead", "alive", "slow", "other",
+                                                         "leaver", "stayer")}
 
 
-def make(n=4):
+def make(n=4, vocab_size=None):
     return StepLedger(3, 10, DIGEST, [Prompt(f"p{i}", f"{i}+1=") for i in range(n)],
-                      LeasePolicy(initial_ms=100), token_of=lambda actor: f"tok-{actor}")
+                      LeasePolicy(initial_ms=100), group_size=2, max_new_tokens=4, run=RUN, vocab_size=vocab_size,
+                      key_of=lambda actor: MEMBERS[actor].key.public if actor in MEMBERS else None)
 
 
-def result(lease, actor, version=10, digest=DIGEST, token=None):
-    return RolloutResult("result", lease.lease_id, actor, token or f"tok-{actor}", version, digest, 5, 0.1, [])
+def result(lease, actor, version=10, digest=DIGEST, samples=None):
+    return MEMBERS[actor].result(lease, samples, version=version, digest=digest)
+
+
+def test_results_signed_by_another_key_or_unregistered_are_refused():
+    ledger = make()
+    (a,) = ledger.grant("x", 1, now_ms=1000)
+    forged = ActorKey.generate().signed(RUN, result(a, "x"))  # the right fields, somebody else's signature
+    assert ledger.settle(forged, 1010).reason == "bad_signature"
+    other_run = Member("x", "another-run", secret="s" * 16, key=MEMBERS["x"].key).result(a)
+    assert ledger.settle(other_run, 1010).reason == "bad_signature"  # signatures are bound to the run
+    (n,) = ledger.grant("nobody", 1, now_ms=1000)  # granted while it had no admitted key
+    assert ledger.settle(Member("nobody", RUN, secret="s" * 16).result(n), 1010).reason == "unregistered"
+    assert ledger.settle(result(n, "x"), 1010).reason == "wrong_actor"
+    assert ledger.settle(result(a, "x"), 1020).accepted
+    assert ledger.counters()["rejected_bad_signature"] == 2
+
+
+def test_results_that_the_lease_could_not_have_produced_are_refused_and_the_prompt_repooled():
+    ledger = make(8, vocab_size=50)
+    leases = ledger.grant("x", 8, now_ms=1000)
+    ok = [{"ids": [1, 2], "logprobs": [-0.1, -0.2], "text": "3"}] * 2
+    bad = {
+        "group too small": ok[:1],
+        "group too large": ok * 2,
+        "too many tokens": [{"ids": [1] * 5, "logprobs": [-0.1] * 5, "text": ""}] * 2,
+        "id outside the vocabulary": [{"ids": [50], "logprobs": [-0.1], "text": ""}] * 2,
+        "logprobs length": [{"ids": [1, 2], "logprobs": [-0.1], "text": ""}] * 2,
+        "positive logprob": [{"ids": [1], "logprobs": [0.5], "text": ""}] * 2,
+        "missing ids": [{"logprobs": [], "text": ""}] * 2,
+    }
+    for lease, (what, samples) in zip(leases, bad.items()):
+        assert ledger.settle(result(lease, "x", samples=samples), 1010).reason == "bad_shape", what
+    assert ledger.settle(result(leases[-1], "x", samples=ok), 1010).accepted
+    assert len(ledger.pool) == len(bad)  # every refused prompt is back in the pool at once
+    (m,) = ledger.take_measurements()
+    assert m.tokens == 4  # the well-shaped result's tokens only: refused samples are never measured
+    ledger.check_invariants()
+
+
+def test_reject_takes_back_an_accepted_result_and_repools_its_prompt():
+    ledger = make(1)
+    (lease,) = ledger.grant("x", 1, now_ms=0)
+    assert ledger.settle(result(lease, "x"), 10).accepted and ledger.complete
+    verdict = ledger.reject(lease.prompt_id, "logprob_mismatch")
+    assert not verdict.accepted and verdict.reason == "logprob_mismatch"
+    assert not ledger.complete and list(ledger.pool) == [lease.prompt_id]
+    assert ledger.rejected["logprob_mismatch"] == 1
+    ledger.check_invariants()
+    assert ledger.settle(result(lease, "x"), 20).reason == "not_active"  # the same answer cannot come back
 
 
 def test_predicate_accepts_only_on_time_right_version_right_digest():
@@ -31,10 +84,11 @@ def test_predicate_accepts_only_on_time_right_version_right_digest():
     assert ledger.settle(result(d, "x", digest=OTHER), 1050).reason == "wrong_digest"
     assert ledger.settle(result(a, "x"), 1060).reason == "duplicate"
     assert ledger.settle(result(c, "y"), 1050).reason == "wrong_actor"
-    assert ledger.settle(result(c, "x", token="forged"), 1050).reason == "bad_token"
+    assert ledger.settle(ActorKey.generate().signed(RUN, result(c, "x")), 1050).reason == "bad_signature"
     assert ledger.settle(None, 1050).reason == "malformed"
+    assert ledger.settle(None, 1050, "oversized").reason == "oversized"
     ledger.check_invariants()
-    assert ledger.counters()["accepted"] == 1 and ledger.counters()["rejected"] == 7
+    assert ledger.counters()["accepted"] == 1 and ledger.counters()["rejected"] == 8
 
 
 def test_expired_leases_return_to_the_pool_and_are_reissued():

@@ -9,7 +9,7 @@ import pytest
 
 from aurora_store.bus.messages import RolloutResult
 from aurora_store.errors import SchedulingError
-from aurora_store.sched import LeasePolicy, Measurement, Prompt, StepLedger, ThroughputEstimator
+from aurora_store.sched import ExpiryBackoff, LeasePolicy, Measurement, Prompt, StepLedger, ThroughputEstimator
 
 DIGEST = "lthash128:" + "ab" * 16
 
@@ -54,7 +54,7 @@ def test_lying_actor_gets_its_measured_share_after_its_first_settlement():
     est.observe("y", 300)
     est.report("liar", 1e6)
     first = est.shares(30, ("liar", "x", "y"))
-    assert first["liar"] == 10  # capped at the median: no more than an honest peer
+    assert first["liar"] == 5  # on probation until measured: half an equal share, whatever it claims
     est.observe("liar", 30)  # what it really did
     second = est.shares(30, ("liar", "x", "y"))
     assert second["liar"] <= math.ceil(30 * 30 / 630)  # its measured share (rounding aside)
@@ -130,12 +130,12 @@ def test_invalid_rates_are_refused_and_change_nothing(rate):
 
 def ledger(n=8, lease_ms=10_000):
     return StepLedger(1, 4, DIGEST, [Prompt(f"p{i}", f"{i}+1=") for i in range(n)], LeasePolicy(initial_ms=lease_ms),
-                      token_of=lambda actor: f"tok-{actor}")
+                      max_new_tokens=64)
 
 
 def result(lease, actor, ntokens, claimed=10**6):
     samples = [{"ids": list(range(ntokens)), "logprobs": [-0.1] * ntokens, "text": "x"}]
-    return RolloutResult("result", lease.lease_id, actor, f"tok-{actor}", 4, DIGEST, claimed, 0.1, samples)
+    return RolloutResult("result", lease.lease_id, actor, "", 4, DIGEST, claimed, 0.1, samples)
 
 
 def test_a_window_spans_every_batch_of_an_actor_and_counts_sample_tokens():
@@ -182,7 +182,7 @@ def test_returns_and_wrong_answers_measure_nothing():
     r = led.grant("leaver", 1, 0)
     assert led.give_back(r[0].lease_id, "leaver", 500)
     w = led.grant("wrong", 1, 0)
-    bad = RolloutResult("result", w[0].lease_id, "wrong", "tok-wrong", 3, DIGEST, 5, 0.1, [{"ids": [1]}])
+    bad = RolloutResult("result", w[0].lease_id, "wrong", "", 3, DIGEST, 5, 0.1, [{"ids": [1]}])
     assert led.settle(bad, 100).reason == "wrong_version"
     assert led.take_measurements() == []
     led.check_invariants()
@@ -203,3 +203,40 @@ def test_actors_missing_for_longer_than_the_grace_are_forgotten():
     # a forgotten actor no longer sets the median that caps a newcomer's claim
     est.report("claims", 250)
     assert est.get("claims") == 100
+
+
+# --- probation and expiry backoff --------------------------------------------------------------------------
+
+
+def test_of_two_reports_the_smaller_caps_the_liar_before_anything_is_measured():
+    est = ThroughputEstimator()
+    est.report("honest", 100)
+    est.report("liar", 1e9)
+    assert est.get("liar") == 100  # the lower median, not the mean of the two (5·10⁸)
+    assert est.shares(20, ("honest", "liar")) == {"honest": 10, "liar": 10}
+
+
+def test_unmeasured_actors_stay_on_probation_until_measured():
+    est = ThroughputEstimator(probation=0.5)
+    for actor in ("a", "b"):
+        est.observe(actor, 100)
+    for newcomer in ("n1", "n2"):
+        est.report(newcomer, 1e6)
+    shares = est.shares(40, ("a", "b", "n1", "n2"))
+    assert shares["n1"] == shares["n2"] == 5 and shares["a"] + shares["b"] == 30 and sum(shares.values()) == 40
+    est.observe("n1", 100)
+    assert est.shares(40, ("a", "b", "n1", "n2"))["n1"] >= 10  # measured: a peer's share (and its part of n2's)
+
+
+def test_an_actor_whose_leases_keep_expiring_is_probed_only_every_few_steps():
+    backoff = ExpiryBackoff(after=2, every=4)
+    for step in (1, 2):
+        assert backoff.allowed("silent", step)
+        backoff.settled("silent", delivered=False, expired=True)
+    granted = [step for step in range(3, 16) if backoff.allowed("silent", step)]
+    assert granted == [3, 7, 11, 15]  # a probe every 4 steps, not a lease expiry every step
+    assert backoff.allowed("silent", 15)  # a regrant within the probing step is allowed too
+    backoff.settled("silent", delivered=True, expired=True)  # it came back: full membership again
+    assert all(backoff.allowed("silent", step) for step in range(16, 20))
+    with pytest.raises(SchedulingError):
+        ExpiryBackoff(after=0)

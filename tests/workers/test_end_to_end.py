@@ -12,11 +12,12 @@ import time
 import pytest
 import torch
 
-from aurora_store.bus import ActorState, ControlPlane, RolloutResult
+from aurora_store.bus import ActorState, ControlPlane
 from aurora_store.codec import TensorTarget, digest_state
 from aurora_store.follow import follow, plan_catch_up
 from aurora_store.store import DeltaStore, open_bucket
 from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
+from aurora_store.testing.members import Member
 from workers.cluster import ClusterSpec, LocalCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
@@ -27,14 +28,16 @@ STEPS, BATCH = 20, 32
 class RogueActor(threading.Thread):
     """Registers as an actor on the current version, then answers every lease from the wrong weights."""
 
-    def __init__(self, redis_url: str, run: str) -> None:
+    def __init__(self, redis_url: str, run: str, admission_secret: str) -> None:
         super().__init__(daemon=True)
         self.plane = ControlPlane(redis_url, run)
+        # admitted: the acceptance predicate, not the admission, must refuse it
+        self.member = Member("rogue", run, secret=admission_secret)
         self.stop = threading.Event()
         self.answered = 0
 
     def run(self) -> None:
-        token, cursor = None, "0"
+        registered, cursor = False, "0"
         while not self.stop.is_set():
             trainer = self.plane.trainer_state()
             if trainer is None or trainer.version < 2:
@@ -44,18 +47,18 @@ class RogueActor(threading.Thread):
             # us whether it is on the trainer's current version or on the one it is about to publish.
             state = ActorState("rogue", "us-east", "torch", trainer.version, trainer.weights_digest,
                                trainer.version + 1, 1e6, 0, "ready", int(time.time() * 1000), "regional")
-            if token is None:
-                token = self.plane.register_actor(state)
+            if not registered:
+                self.member.register(self.plane, state)
+                registered = True
             else:
-                self.plane.heartbeat_actor(state, token)
+                self.member.heartbeat(self.plane, state)
             for entry_id, lease in self.plane.read_work("rogue", cursor, block_ms=200):
                 cursor = entry_id
                 wrong_version = self.answered % 2 == 0
-                self.plane.send_result(RolloutResult(
-                    "result", lease.lease_id, "rogue", token,
-                    lease.version + 1 if wrong_version else lease.version,
-                    lease.weights_digest if wrong_version else "lthash128:" + "0" * 32, 10, 0.01,
-                    [{"ids": [5, 2], "logprobs": [-0.1, -0.1], "text": "3"}] * lease.group_size))
+                self.plane.send_result(self.member.result(
+                    lease, [{"ids": [5, 2], "logprobs": [-0.1, -0.1], "text": "3"}] * lease.group_size,
+                    version=lease.version + 1 if wrong_version else lease.version,
+                    digest=lease.weights_digest if wrong_version else "lthash128:" + "0" * 32))
                 self.answered += 1
             if self.answered >= 6:
                 self.plane.deregister_actor("rogue", "us-east")
@@ -83,7 +86,7 @@ def run(tmp_path_factory):
                        actors={"us-east": 1, "eu-west": 2}, snapshot_every=5,
                        trainer_args=["--initial-lease-s", "20"], actor_args=["--verify-full-digest"])
     cluster = LocalCluster(spec).start()
-    rogue = RogueActor(cluster.redis.url, spec.run)
+    rogue = RogueActor(cluster.redis.url, spec.run, cluster.admission_secret)
     rogue.start()
     try:
         summary = cluster.wait_trainer_done(timeout=400)

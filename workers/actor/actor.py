@@ -22,7 +22,8 @@ from pathlib import Path
 
 from aurora_store import logs
 from aurora_store.bus import ActorState, ControlPlane, Lease, RolloutResult
-from aurora_store.config import TransferSettings, heartbeat_ttl_s
+from aurora_store.bus.identity import ActorKey, Credentials, check_secret
+from aurora_store.config import CommandDefaults, TransferSettings, heartbeat_ttl_s
 from aurora_store.errors import AuroraError, BusError, DigestMismatchError
 from aurora_store.follow import BucketChain, Follower, Prefetcher
 from aurora_store.metrics import Metrics
@@ -56,7 +57,12 @@ class Actor:
         if config.metrics_port:
             self.metrics.serve(config.metrics_port)
         self.view = VersionView()
-        self.leases = LeaseQueue(self.plane, self.actor_id, self.view)
+        # A fresh key pair per process: the private half never leaves memory; the public half is registered
+        # with a proof of admission made from the operator's secret (which is not kept).
+        self.key = ActorKey.generate()
+        self.credentials = Credentials.issue(self.key, check_secret(CommandDefaults.from_env().admission_secret),
+                                             config.run, self.actor_id)
+        self.leases = LeaseQueue(self.plane, self.actor_id, self.view, self.key)
         self.meter = meter or Throughput()
         self._wrap_engine = wrap_engine
         self.leaving = threading.Event()
@@ -150,7 +156,7 @@ class Actor:
         while not self.stopped.is_set():
             try:
                 self._update_gauges()
-                self.plane.heartbeat_actor(self.state(), self.leases.token)
+                self.plane.heartbeat_actor(self.state(), self.credentials)
                 if self.watch.refresh():
                     with self.view.changed:
                         self.view.changed.notify_all()
@@ -193,7 +199,8 @@ class Actor:
         version, digest = target.version, str(target.digest)  # stamped at dispatch
         started = self.meter.clock()
         groups = engine.generate([lease.prompt for lease in batch], batch[0].group_size,
-                                 self.config.max_new_tokens or batch[0].max_new_tokens, batch[0].temperature,
+                                 min(self.config.max_new_tokens or batch[0].max_new_tokens, batch[0].max_new_tokens),
+                                 batch[0].temperature,
                                  seed=(int(batch[0].lease_id[:8], 16) ^ self.config.seed) & 0x7FFFFFFF)
         elapsed = self.meter.clock() - started
         tokens = sum(len(c.ids) for group in groups for c in group)
@@ -201,8 +208,8 @@ class Actor:
         self.meter.observe(tokens, elapsed, full_batch=len(batch) >= self.config.batch_size)
         share = elapsed / len(batch)
         for lease, group in zip(batch, groups):
-            self.plane.send_result(RolloutResult(
-                "result", lease.lease_id, self.actor_id, self.leases.token, version, digest,
+            self.leases.send(RolloutResult(
+                "result", lease.lease_id, self.actor_id, "", version, digest,
                 sum(len(c.ids) for c in group), share, [c.as_dict() for c in group]))
 
     def run(self) -> int:
@@ -210,7 +217,7 @@ class Actor:
         self.meter.calibrate(engine, self.config.batch_size, self.config.max_new_tokens, warm_up=True)
         self.leases.open()
         self.status = "ready"
-        self.leases.token = self.plane.register_actor(self.state())
+        self.plane.register_actor(self.state(), self.credentials)
         lifecycle.enter("serving")  # from here a stop signal sets `leaving`: the finally below leaves gracefully
         stager = Stager(self.follower, self.view, self.plane, self.metrics, actor_id=self.actor_id,
                         region=self.config.region, full_sync=self.config.full_sync, stopped=self.stopped,
@@ -265,7 +272,8 @@ class Actor:
             returned = self.leases.return_pending()
             self.plane.deregister_actor(self.actor_id, self.config.region)
             # A dispatch that read our state just before we deregistered may still have granted us leases:
-            # collect them too (returns are accepted from a deregistered actor; its token is remembered).
+            # collect them too (returns are accepted from a deregistered actor: each lease keeps the key it was
+            # granted under).
             returned += self.leases.return_pending()
             self.plane.log_event("actor_leave", actor=self.actor_id, returned=returned)
             log.info("left", extra={"returned": returned})

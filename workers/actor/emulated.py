@@ -4,12 +4,14 @@
 The engine still generates for real (so rollouts, digests and leases are real); :class:`EmulatedEngine` only
 stretches each batch to emulate a slower accelerator, and can be throttled from a file mid-run without the
 actor's self-measurement noticing (:class:`EmulatedThroughput`), or make the actor report a rate it does not
-have. The production actor (``python -m workers.actor``) knows nothing of this.
+have, or return forged rollouts (``--forge-rollouts``: a hostile actor for the trainer's logprob check). The
+production actor (``python -m workers.actor``) knows nothing of this.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +20,13 @@ from workers.actor.throughput import Throughput
 from workers.engines import Completion, Engine
 
 #: Flags of this entry point (anything else goes to the actor's own command line).
-FLAGS = ("--slowdown", "--sim-tokens-per-s", "--sim-full-length", "--throttle-file", "--claim-tokens-per-s")
+FLAGS = ("--slowdown", "--sim-tokens-per-s", "--sim-full-length", "--throttle-file", "--claim-tokens-per-s",
+         "--forge-rollouts")
+
+#: How a hostile actor forges its rollouts (what the trainer's logprob check must refuse):
+#: ``random_tokens``: random tokens claimed at log-probability −0.01 each; ``copied_logprobs``: the honest
+#: samples' log-probabilities on other (random) tokens of the same length.
+FORGERIES = ("random_tokens", "copied_logprobs")
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,7 @@ class Emulation:
     sim_full_length: bool = False
     throttle_file: str | None = None  # while it exists, its content (tokens/s) caps generation, unseen
     claim_tokens_per_s: float | None = None  # report this rate instead of the measured one
+    forge_rollouts: str | None = None  # one of FORGERIES: return forged rollouts instead of the sampled ones
 
 
 class EmulatedEngine:
@@ -40,6 +49,7 @@ class EmulatedEngine:
         self.emulation = emulation
         self.name = engine.name
         self.unseen_s = 0.0  # throttle sleeps so far: time the actor's own clock does not see
+        self._rng = random.Random(0)
 
     @property
     def target(self):
@@ -63,6 +73,8 @@ class EmulatedEngine:
             pause = min(tokens / cap - stretched, 300.0)
             time.sleep(pause)
             self.unseen_s += pause
+        if e.forge_rollouts:
+            groups = [[_forged(c, e.forge_rollouts, self._rng) for c in group] for group in groups]
         return groups
 
     def _throttle_cap(self) -> float:
@@ -78,6 +90,14 @@ class EmulatedEngine:
 
     def close(self) -> None:
         self.inner.close()
+
+
+def _forged(completion: Completion, how: str, rng: random.Random) -> Completion:
+    """Other tokens than were sampled (ids of the character alphabet, as the tokenizer produces), with made-up
+    (``random_tokens``) or copied (``copied_logprobs``) log-probabilities; the text decodes nothing useful."""
+    ids = tuple(rng.randrange(3, 18) for _ in completion.ids)
+    logprobs = tuple(-0.01 for _ in ids) if how == "random_tokens" else completion.logprobs
+    return Completion(ids, logprobs, completion.text)
 
 
 class EmulatedThroughput(Throughput):
@@ -103,9 +123,10 @@ def parse(argv: list[str] | None) -> tuple[Emulation, list[str]]:
     parser.add_argument("--sim-full-length", action="store_true")
     parser.add_argument("--throttle-file")
     parser.add_argument("--claim-tokens-per-s", type=float, default=None)
+    parser.add_argument("--forge-rollouts", choices=FORGERIES, default=None)
     args, rest = parser.parse_known_args(argv)
     return Emulation(args.slowdown, args.sim_tokens_per_s, args.sim_full_length, args.throttle_file,
-                     args.claim_tokens_per_s), rest
+                     args.claim_tokens_per_s, args.forge_rollouts), rest
 
 
 def main(argv: list[str] | None = None) -> int:

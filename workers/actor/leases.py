@@ -6,15 +6,16 @@ from __future__ import annotations
 from collections import deque
 
 from aurora_store.bus import ControlPlane, Lease, RolloutResult
+from aurora_store.bus.identity import ActorKey
 from workers.actor.versions import VersionView
 
 
 class LeaseQueue:
-    def __init__(self, plane: ControlPlane, actor_id: str, view: VersionView) -> None:
+    def __init__(self, plane: ControlPlane, actor_id: str, view: VersionView, key: ActorKey) -> None:
         self.plane = plane
         self.actor_id = actor_id
         self.view = view
-        self.token = ""  # the actor's result token, from its registration
+        self.key = key  # signs every result and hand-back: the trainer bound this key to our leases
         self._queue: deque[Lease] = deque()
         self._cursor: str | None = None  # last entry read from the work stream (set once registered)
 
@@ -54,7 +55,11 @@ class LeaseQueue:
 
     def give_back(self, leases: list[Lease]) -> None:
         for lease in leases:
-            self.plane.send_result(RolloutResult("return", lease.lease_id, self.actor_id, self.token))
+            self.send(RolloutResult("return", lease.lease_id, self.actor_id, ""))
+
+    def send(self, result: RolloutResult) -> None:
+        """Sign ``result`` with this actor's key and send it."""
+        self.plane.send_result(self.key.signed(self.plane.run, result))
 
     def return_pending(self) -> int:
         """Hand back every lease granted and not generated: queued ones and any still unread in the work stream

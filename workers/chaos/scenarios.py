@@ -1,5 +1,6 @@
 """The chaos scenarios: spot preemption, joins, lag, lag past a gc, relay loss, Redis loss, flaky storage,
-trainer restart and heterogeneous actors — each against real processes, a real Redis and real buckets."""
+trainer restart, heterogeneous actors and a hostile actor — each against real processes, a real Redis and real
+buckets."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import signal
 import statistics
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,6 +31,7 @@ from workers.chaos.harness import (
     wait_actor_ready,
     wait_version,
 )
+from workers.chaos.hostile import HostileActor
 from workers.cluster import LocalCluster
 
 Scenario = Callable[[Path, bool], ScenarioResult]
@@ -551,6 +554,36 @@ def heterogeneous_actors(run_dir: Path, quick: bool) -> ScenarioResult:
     return result
 
 
+def hostile_actor(run_dir: Path, quick: bool) -> ScenarioResult:
+    """One admitted actor of the fleet is hostile (:class:`~workers.chaos.hostile.HostileActor`): it answers its
+    own leases with results its lease could not have produced, answers and hands back the honest actors'
+    leases as if it were them, and claims 10⁹ tokens/s. The run completes, no forged rollout is accepted,
+    and every honest actor stays on the trainer's digest."""
+    steps = 8 if quick else 14
+    result = ScenarioResult("hostile_actor", ["an admitted actor forges results, impersonates and hands back"])
+    with LocalCluster(fast_spec(run_dir, steps=steps, actors={"us-east": 2})) as cluster:
+        wait_actor_ready(cluster, "us-east-1")
+        hostile = HostileActor(cluster, "hostile", "us-east", ["us-east-1", "us-east-2"])
+        hostile.start()
+        try:
+            summary = cluster.wait_trainer_done(400)
+        finally:
+            hostile.leave()
+        log = cluster.plane.run_log()
+        settled = events(log, "settle")
+        reasons = Counter(e.get("reason", "") for e in settled if e.get("accepted") == "0")
+        result.figures = {"sent": dict(hostile.sent), "refused": dict(reasons),
+                          "hostile_shares": [json.loads(e["shares"]).get("hostile", 0)
+                                             for e in events(log, "dispatch")]}
+        result.invariants["hostile_actor_ran"] = hostile.error is None and hostile.sent["impersonated"] > 0
+        result.invariants["no_forged_rollout_accepted"] = not [
+            e for e in settled if e.get("accepted") == "1" and e.get("actor") == "hostile"]
+        result.invariants["forgeries_refused_by_signature_and_shape"] = (reasons["bad_signature"] > 0
+                                                                         and reasons["bad_shape"] > 0)
+        finish(result, cluster, summary, log, expected_steps=steps)
+    return result
+
+
 SCENARIOS: dict[str, Scenario] = {
     "kill_actor_mid_batch": kill_actor_mid_batch,
     "sigterm_graceful_leave": sigterm_actor,
@@ -562,4 +595,5 @@ SCENARIOS: dict[str, Scenario] = {
     "flaky_storage": flaky_storage,
     "trainer_restarts": trainer_restarts,
     "heterogeneous_actors": heterogeneous_actors,
+    "hostile_actor": hostile_actor,
 }

@@ -69,7 +69,26 @@ DEFAULT_LOGITS_CHUNK = 2048
 
 def token_logprobs(model, samples: Sequence[Sample], pad_id: int = 0,
                    chunk: int = DEFAULT_LOGITS_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probabilities of each completion token under ``model``: ``[n, T]`` plus a ``[n, T]`` mask.
+    """Log-probabilities of each completion token under ``model``: ``[n, T]`` plus a ``[n, T]`` mask
+    (:func:`policy_logprobs` without the router's loss)."""
+    new, mask, _ = policy_logprobs(model, samples, pad_id, chunk)
+    return new, mask
+
+
+def router_aux_coef(model) -> float:
+    """The weight of a mixture-of-experts model's load-balancing loss in its training loss, as transformers
+    applies it (``router_aux_loss_coef`` when ``output_router_logits``); 0 for dense models."""
+    config = getattr(model, "config", None)
+    if not getattr(config, "output_router_logits", False):
+        return 0.0
+    return float(getattr(config, "router_aux_loss_coef", 0.0) or 0.0)
+
+
+def policy_logprobs(model, samples: Sequence[Sample], pad_id: int = 0, chunk: int = DEFAULT_LOGITS_CHUNK
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities of each completion token under ``model``: ``[n, T]`` plus a ``[n, T]`` mask, and
+    the router's load-balancing loss of the same forward (transformers' ``aux_loss``, computed over the
+    non-padding tokens) when the model is a mixture of experts configured with ``output_router_logits``.
 
     With ``chunk > 0`` the model's output head is applied only to the completion positions, ``chunk`` rows at a
     time, through :class:`ChunkedTokenLogprob` (log-softmax as ``logit[target] − logsumexp``, recomputed per
@@ -111,14 +130,15 @@ def token_logprobs(model, samples: Sequence[Sample], pad_id: int = 0,
 
         head.forward = scored  # the instance attribute shadows the class's forward for this one call
         try:
-            values = model(**inputs).logits
+            output = model(**inputs)
+            values = output.logits
         finally:
             del head.forward
     else:
-        logits = model(**inputs).logits.float()
-        values = F.log_softmax(logits, dim=-1)[rows, positions, target_ids]
+        output = model(**inputs)
+        values = F.log_softmax(output.logits.float(), dim=-1)[rows, positions, target_ids]
     out = out.index_put((rows, cols), values.float())
-    return out, mask
+    return out, mask, getattr(output, "aux_loss", None)
 
 
 class ChunkedTokenLogprob(torch.autograd.Function):
@@ -219,9 +239,12 @@ class GRPOLearner:
             with torch.no_grad():
                 ref, _ = token_logprobs(self.reference, samples)
         self.model.train()
+        aux_coef = router_aux_coef(self.model)
         for _ in range(self.config.epochs):
-            new, mask = token_logprobs(self.model, samples)
+            new, mask, aux = policy_logprobs(self.model, samples)
             loss, extra = grpo_loss(new, old, mask, advantages, self.config.clip_eps, ref, self.config.kl_coef)
+            if aux is not None and aux_coef:
+                loss = loss + aux_coef * aux  # the router's load balancing, as transformers adds it to its loss
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from aurora_store.errors import ConfigError
 from workers.rl.task import VOCAB_SIZE, AdditionTask
 
 #: Small enough for two CPU cores, shaped like the real thing (GQA, q/k norms, tied embeddings).
@@ -22,6 +23,41 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "hidden_act": "silu",
     "attention_bias": False, "torch_dtype": "bfloat16",
 }
+
+#: The same small model as a mixture of experts (Qwen3-MoE): every layer sparse, 8 experts of which 2 are
+#: active per token, an expert's intermediate size a multiple of 32 (vLLM's CPU expert kernels' block), and
+#: the router's load-balancing loss in the training loss as transformers computes it.
+MOE_OVERRIDES: dict[str, Any] = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64, "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
+    "output_router_logits": True, "router_aux_loss_coef": 0.01,
+}
+#: ``--model-config`` names for built-in variants of :data:`DEFAULT_CONFIG`.
+PRESETS: dict[str, dict[str, Any]] = {"qwen3": {}, "qwen3_moe": MOE_OVERRIDES}
+
+
+def built_in_config(overrides: str | None = None) -> dict[str, Any]:
+    """:data:`DEFAULT_CONFIG` with ``overrides`` over it: a preset name (:data:`PRESETS`), inline JSON, or a JSON
+    file (a preset's fields first when the JSON names one under ``"preset"``); a
+    :class:`~aurora_store.errors.ConfigError` otherwise."""
+    config = dict(DEFAULT_CONFIG)
+    if not overrides:
+        return config
+    if overrides in PRESETS:
+        return {**config, **PRESETS[overrides]}
+    path = Path(overrides)
+    try:
+        text = path.read_text() if not overrides.lstrip().startswith("{") and path.is_file() else overrides
+        fields = json.loads(text)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read --model-config {overrides!r} (a preset: {sorted(PRESETS)}, inline JSON "
+                          f"or a JSON file): {exc}") from None
+    if not isinstance(fields, dict):
+        raise ConfigError(f"--model-config {overrides!r} is not a JSON object")
+    preset = fields.pop("preset", None)
+    if preset is not None and preset not in PRESETS:
+        raise ConfigError(f"--model-config names an unknown preset {preset!r}; one of {sorted(PRESETS)}")
+    return {**config, **PRESETS.get(preset or "qwen3", {}), **fields}
 
 
 def hf_config(config: dict[str, Any]):
@@ -65,7 +101,7 @@ def warm_start(model, tokenizer, task: AdditionTask, steps: int, *, lr: float = 
         out.loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        loss_value = float(out.loss)
+        loss_value = float(out.loss.detach())
     model.eval()
     return loss_value
 

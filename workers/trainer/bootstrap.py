@@ -21,7 +21,7 @@ from aurora_store.store.publisher import utc_now
 from aurora_store.store.snapshots import load_snapshot
 from workers.publish.ranks import Ranks
 from workers.rl.grpo import GRPOConfig
-from workers.rl.model import DEFAULT_CONFIG, build_model, load_model, load_tokenizer, warm_start
+from workers.rl.model import build_model, built_in_config, load_model, load_tokenizer, warm_start
 from workers.rl.task import AdditionTask, MathFileTask, build_tokenizer
 from workers.trainer import checkpoint, rebuild
 from workers.trainer.cli import TrainerConfig, resolve_activation_checkpointing, resolve_optimizer
@@ -52,12 +52,7 @@ class PolicyModel:
             config = json.loads((Path(cfg.model) / "config.json").read_text())
             return cls(model, tokenizer, config)
         tokenizer = build_tokenizer()
-        config = dict(DEFAULT_CONFIG)
-        if cfg.model_config:
-            text = cfg.model_config
-            path = Path(text)
-            overrides = json.loads(path.read_text() if not text.lstrip().startswith("{") and path.is_file() else text)
-            config.update(overrides)
+        config = built_in_config(cfg.model_config)
         return cls(build_model(config, seed=cfg.seed), tokenizer, config)
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from aurora_store.codec.params import DEFAULT_SEGMENT_BYTES
 from aurora_store.config import CommandDefaults, default_run_name
+from workers.trainer.rollout_check import DEFAULT_TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class TrainerConfig:
     plan_seq_len: int = 2048  # longest prompt + completion the memory check plans for (capped by the model's)
     gpu_memory_gib: float | None = None  # the memory check's budget (default: what CUDA reports)
     checkpoint_every: int | None = None  # write a checkpoint every N steps; None: from its size and the disk
+    logprob_tolerance: float = DEFAULT_TOLERANCE  # the logprob check's per-sample bound (0: no check)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,8 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "disk holds one checkpoint but not two. A restart resumes from the newest one and "
                         "publishes on top of the bucket's latest version")
     p.add_argument("--model", help="HF model directory (default: built-in small Qwen3 + warm start)")
-    p.add_argument("--model-config", help="JSON file (or inline JSON) overriding fields of the built-in "
-                   "Qwen3 config, e.g. '{\"hidden_size\": 512, \"num_hidden_layers\": 4}'")
+    p.add_argument("--model-config", help="a preset (qwen3, qwen3_moe: the same model with 8 experts, 2 active) "
+                   "or a JSON file (or inline JSON) overriding fields of the built-in Qwen3 config, e.g. "
+                   "'{\"hidden_size\": 512, \"num_hidden_layers\": 4}' ('\"preset\": \"qwen3_moe\"' starts "
+                   "from a preset)")
     p.add_argument("--dataset", help="GSM8K-style .jsonl/.parquet (question/answer); default: addition task")
     p.add_argument("--warm-start-steps", type=int, default=120, help="supervised steps before RL (built-in task)")
     p.add_argument("--max-operand", type=int, default=9, help="addition task: operands in [0, N]")
@@ -129,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--logits-chunk", type=int, default=2048, metavar="ROWS",
                    help="the GRPO loss computes logits and logsumexp for this many completion tokens at a time, "
                         "never for the whole batch (0: all at once)")
+    p.add_argument("--logprob-tolerance", type=float, default=DEFAULT_TOLERANCE, metavar="NATS",
+                   help="reject a result whose claimed per-token logprobs differ from the trainer's recomputation "
+                        "on the leased version's bf16 weights by more than this, averaged over a sample "
+                        "(0: no check; one rank only)")
     m = p.add_argument_group(
         "memory plan", "python -m workers.trainer --plan-memory --model-config CONFIG.json --gpu-memory-gib 139 "
                        "[--world-size N] [--json]: per-GPU bytes by category (master, gradients, optimizer, "
@@ -172,6 +180,8 @@ def parse_args(argv: list[str] | None = None) -> TrainerConfig:
         p.error(f"--checkpoint-every must be at least 1, got {a.checkpoint_every}")
     if a.kl_coef < 0:
         p.error(f"--kl-coef must be non-negative, got {a.kl_coef}")
+    if not 0 <= a.logprob_tolerance < float("inf"):
+        p.error(f"--logprob-tolerance must be ≥ 0 and finite, got {a.logprob_tolerance}")
     if a.logits_chunk < 0:
         p.error(f"--logits-chunk must be ≥ 0, got {a.logits_chunk}")
     missing = [f for f, v in (("--bucket", a.bucket), ("--redis", a.redis), ("--checkpoint-dir", a.checkpoint_dir))
@@ -190,4 +200,5 @@ def parse_args(argv: list[str] | None = None) -> TrainerConfig:
         verify_published_digest=a.verify_published_digest, throughput_ema=a.throughput_ema,
         exclusion_decay=a.exclusion_decay, device=a.device, optimizer=a.optimizer,
         activation_checkpointing=a.activation_checkpointing, logits_chunk=a.logits_chunk, plan_seq_len=a.plan_seq_len,
-        gpu_memory_gib=a.gpu_memory_gib, checkpoint_every=a.checkpoint_every)
+        gpu_memory_gib=a.gpu_memory_gib, checkpoint_every=a.checkpoint_every,
+        logprob_tolerance=a.logprob_tolerance)

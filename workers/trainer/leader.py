@@ -11,6 +11,7 @@ from pathlib import Path
 
 from aurora_store.bus import ControlPlane, TrainerState, VersionEvent
 from aurora_store.codec.digest import WeightsDigest
+from aurora_store.config import CommandDefaults
 from aurora_store.errors import AuroraError
 from aurora_store.metrics import Metrics
 from aurora_store.sched import LeasePolicy, ThroughputEstimator
@@ -50,6 +51,7 @@ class Leader:
         dispatcher = Dispatcher(plane, cfg.region, f"trainer-{os.getpid()}",
                                 LeasePolicy(factor=cfg.lease_factor, initial_ms=int(1000 * cfg.initial_lease_s)),
                                 ThroughputEstimator(beta=cfg.throughput_ema, alpha=cfg.exclusion_decay),
+                                admission_secret=CommandDefaults.from_env().admission_secret or "",
                                 uniform=cfg.split == "uniform", metrics=metrics)
         report = RunReport(plane, metrics, curves, dispatcher, ranks, cfg.kl_coef)
         return cls(cfg, ranks, plane, dispatcher, metrics, curves, report, bucket)

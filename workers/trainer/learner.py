@@ -33,6 +33,8 @@ from workers.rl.grpo import (
     StepStats,
     group_advantages,
     grpo_loss,
+    policy_logprobs,
+    router_aux_coef,
     token_logprobs,
 )
 from workers.trainer.optim import LeanAdamW
@@ -102,10 +104,15 @@ class ShardedLearner:
             with torch.no_grad(), self._compute(device):
                 ref, _ = token_logprobs(self.reference, mine, chunk=self.logits_chunk)
         self.model.train()
+        aux_coef = router_aux_coef(self.model)
         for _ in range(self.config.epochs):
             with self._compute(device):
-                new, mask = token_logprobs(self.model, mine, chunk=self.logits_chunk)
+                new, mask, aux = policy_logprobs(self.model, mine, chunk=self.logits_chunk)
             local_loss, extra = grpo_loss(new, old, mask, adv, self.config.clip_eps, ref, self.config.kl_coef)
+            if aux is not None and aux_coef:
+                # MoE: the router's load-balancing loss of this rank's slice, as transformers adds it; scaled
+                # with the surrogate below, so over ranks it is the token-weighted mean of the slices' losses.
+                local_loss = local_loss + aux_coef * aux.to(local_loss.device)
             local_tokens = float(mask.sum().clamp(min=1))
             scale = weight * (local_tokens / total_tokens) * self.ranks.world
             loss = local_loss if scale == 1.0 else local_loss * scale

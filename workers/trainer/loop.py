@@ -7,8 +7,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
+from aurora_store.bus.messages import RolloutResult
 from aurora_store.errors import BusError, NoEligibleActors
 from aurora_store.sched import StepLedger
 from workers.publish.ranks import Ranks
@@ -18,9 +19,15 @@ from workers.trainer import checkpoint
 from workers.trainer.cli import TrainerConfig
 from workers.trainer.leader import Leader
 from workers.trainer.publishing import Publishing
+from workers.trainer.rollout_check import RolloutCheck, ScoredSample
 from workers.trainer.state import Progress, Started
 
 log = logging.getLogger("aurora.trainer")
+
+#: Rounds of re-leasing the prompts whose results failed the logprob check before such results are dropped from
+#: the step instead; and the rounds after which a step where every result keeps failing gives up.
+CHECK_ROUNDS = 3
+CHECK_ROUNDS_MAX = 20
 
 
 class StepLoop:
@@ -36,6 +43,7 @@ class StepLoop:
         self.progress = progress
         self.leader = leader
         self.stopping = stopping  # set by a stop signal: finish the step under way, or abandon the one collected
+        self.check = self._rollout_check()
 
     def run(self) -> None:
         """Train from the step after ``progress.step`` to ``--steps`` (or until told to stop)."""
@@ -47,11 +55,12 @@ class StepLoop:
         # first one after a restart, when actors may already run the newest version) uses the newest version.
         pending = self._dispatch(leader, start_step + 1, progress.version) \
             if leader is not None and start_step < cfg.steps else None
+        self._hold_published()  # the version just dispatched (the newest published)
         for step in range(start_step + 1, cfg.steps + 1):
             batch, current, wait_s = None, None, 0.0
             if leader is not None and not self.stopping() and pending is not None:
                 t0 = time.monotonic()
-                if self._collect(leader, pending):
+                if self._collect(leader, pending) and self._verify(leader, pending):
                     wait_s = time.monotonic() - t0
                     current = pending
                     if step < cfg.steps:
@@ -67,6 +76,9 @@ class StepLoop:
             progress.rewards.append(stats.mean_reward)
             if self.started.checkpoints.due(step):  # in the background; before publishing, as the resume expects
                 self.started.save_checkpoint(self._info(progress.version + 1))
+            # The batch dispatched last (trained next step) was leased on the version published now: the
+            # check keeps its weights before the publish replaces them in place.
+            self._hold_published()
             outcome = self.publishing.publish(self.started.policy, progress.version + 1)
             if leader is not None and current is not None:  # rank 0 collected this step's batch
                 leader.report.record(step, progress.version, current, stats, wait_s, train_s, outcome)
@@ -106,14 +118,78 @@ class StepLoop:
             log.warning("control plane unreachable while stopping: step %d abandoned", ledger.step)
             return False
 
+    def _rollout_check(self) -> RolloutCheck | None:
+        """The logprob check where it can run: on a leader that holds every published weight (one rank)."""
+        tolerance = self.config.logprob_tolerance
+        if self.leader is None or not tolerance:
+            return None
+        if self.ranks.sharded:
+            log.warning("logprob check off: a sharded trainer's rank 0 holds only its rows of each version")
+            return None
+        model = self.started.policy.model
+        vocab_size = int(cast(Any, model).config.vocab_size)  # a transformers model (PolicyModel.load)
+        return RolloutCheck(model, vocab_size=vocab_size, tolerance=tolerance)
+
+    def _hold_published(self) -> None:
+        if self.check is not None:
+            self.check.hold({name: rows.tensor for name, rows in self.started.policy.published.items()},
+                            self.progress.version)
+
+    def _verify(self, leader: Leader, ledger: StepLedger) -> bool:
+        """Take back every accepted result whose tokens were not sampled from the leased version (the logprob
+        check) and collect those prompts again, until every result passes; after ``CHECK_ROUNDS`` rounds the
+        prompts still failing leave the step instead (unless none would be left). ``False`` when stopping
+        during a re-collection."""
+        check = self.check
+        if check is None:
+            return True
+        if check.version != ledger.version:  # cannot happen in the loop's order; never train on unchecked
+            raise RuntimeError(f"logprob check holds version {check.version}, step {ledger.step} was leased on "
+                               f"{ledger.version}")
+        checked: set[str] = set()
+        for round_ in range(1, CHECK_ROUNDS_MAX + 1):
+            fresh = {p: r for p, r in ledger.accepted.items() if p not in checked}
+            groups = {p: self._scored(ledger, p, r) for p, r in fresh.items()}
+            failed = [v for v in check.judge(groups, ledger.temperature) if not v.accepted] if groups else []
+            checked.update(fresh)
+            if not failed:
+                return True
+            keep = round_ < CHECK_ROUNDS or len(failed) == len(ledger.accepted)
+            for verdict in failed:
+                checked.discard(verdict.prompt_id)
+                leader.dispatcher.take_back(ledger, verdict.prompt_id, "logprobs", check=verdict.reason,
+                                            statistic=round(min(verdict.worst, 1e9), 6), tolerance=check.tolerance)
+                if not keep:  # leased again for rounds on end: the step goes on without it
+                    ledger.drop(verdict.prompt_id)
+            if not self._collect(leader, ledger):
+                return False
+        raise TimeoutError(f"step {ledger.step}: every result failed the logprob check in {CHECK_ROUNDS_MAX} rounds "
+                           f"(tolerance {check.tolerance}): every actor forging, or honest bf16 noise of this model "
+                           f"above --logprob-tolerance (measure it: python -m benchmarks logprob_check --json)")
+
+    def _scored(self, ledger: StepLedger, prompt_id: str, result: RolloutResult) -> list[ScoredSample]:
+        prompt_ids = tuple(self.tokenizer(ledger.prompts[prompt_id].text).input_ids)
+        out = []
+        for sample in result.samples:
+            try:
+                out.append(ScoredSample(prompt_ids, tuple(int(t) for t in sample["ids"]),
+                                        tuple(float(x) for x in sample["logprobs"])))
+            except (KeyError, TypeError, ValueError):  # scored as unscorable: rejected, never raised
+                out.append(ScoredSample(prompt_ids, (), ()))
+        return out
+
     def _samples(self, ledger: StepLedger) -> list[Sample]:
         samples = []
         for prompt_id, result in ledger.accepted.items():
             prompt = ledger.prompts[prompt_id]
             prompt_ids = tuple(self.tokenizer(prompt.text).input_ids)
             for sample in result.samples:
-                samples.append(Sample(prompt_ids, tuple(sample["ids"]), tuple(sample["logprobs"]),
-                                      self.task.reward(prompt, sample["text"]), prompt_id))
+                ids = tuple(sample["ids"])
+                # Rewarded on what the tokens say, not on the text the actor sent alongside them: the tokens
+                # are what the logprob check vouches for and what the step trains on.
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                samples.append(Sample(prompt_ids, ids, tuple(sample["logprobs"]), self.task.reward(prompt, text),
+                                      prompt_id))
         return samples
 
 

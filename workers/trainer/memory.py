@@ -328,8 +328,9 @@ def settings_for(*, device: str, world_size: int, optimizer: str, compute: str, 
 
 def model_config(model_dir: str | None, overrides: str | None) -> dict[str, Any]:
     """The HF config the trainer would build: ``--model``'s ``config.json``, or the built-in config with
-    ``--model-config`` (a file or inline JSON) over it — as :class:`~workers.trainer.bootstrap.PolicyModel`."""
-    from workers.rl.model import DEFAULT_CONFIG
+    ``--model-config`` (a preset name, a file or inline JSON) over it — as
+    :class:`~workers.trainer.bootstrap.PolicyModel`."""
+    from workers.rl.model import built_in_config
 
     if model_dir:
         path = Path(model_dir) / "config.json"
@@ -337,15 +338,7 @@ def model_config(model_dir: str | None, overrides: str | None) -> dict[str, Any]
             return dict(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(f"cannot read {path}: {exc}") from None
-    config = dict(DEFAULT_CONFIG)
-    if overrides:
-        path = Path(overrides)
-        try:
-            text = path.read_text() if not overrides.lstrip().startswith("{") and path.is_file() else overrides
-            config.update(json.loads(text))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"cannot read --model-config {overrides!r}: {exc}") from None
-    return config
+    return built_in_config(overrides)
 
 
 def run_cli(argv: list[str] | None = None) -> int:

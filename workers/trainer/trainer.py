@@ -83,6 +83,9 @@ class Trainer:
             AdditionTask(max_operand=cfg.max_operand, seed=cfg.seed)
         self.model = model = PolicyModel.load(cfg)
         self.layout = ModelLayout.from_config(model.config)
+        if self.leader is not None and isinstance(model.config.get("vocab_size"), int):
+            # Results' token ids must index the model's logits (its padded vocabulary, which actors sample from).
+            self.leader.dispatcher.vocab_size = model.config["vocab_size"]
         self.grpo = GRPOConfig(lr=cfg.lr, clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef, epochs=cfg.epochs)
         sign = Signer.load(cfg.signing_key) if cfg.signing_key and leader else None
         producer: dict[str, Any] = {"run": cfg.run, "process": "trainer", "host": socket.gethostname()}

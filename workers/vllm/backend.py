@@ -13,7 +13,8 @@ Init info (``init_weight_transfer_engine({"init_info": {...}})``):
 
 * ``bucket``: a bucket URL, or a list of them tried in order (e.g. the region's bucket fed by a relay, then
   the trainer's source bucket);
-* ``run``: the run name the bucket must hold (its ``run.json``), so an engine never follows another run;
+* ``run``: the run name the bucket must hold (its ``run.json``) and every signed manifest must name, so an
+  engine never follows another run; required with ``trainer_public_key``;
 * ``trainer_public_key``: the trainer's Ed25519 public key (base64 or a path); every manifest is verified
   before anything it names is fetched. ``None`` accepts unsigned runs (local experiments);
 * ``version``: the published version the engine's loaded weights are (default 0, the run's first
@@ -24,6 +25,8 @@ Update info (``update_weights({"update_info": {...}})``):
 * ``version``: the version to activate (default: the newest in the bucket);
 * ``base_version`` (optional): refuse unless the engine is at exactly this version;
 * ``weights_digest`` (optional): refuse unless the target version's manifest carries this digest;
+* push mode (``scatter``, see :meth:`AuroraWeightTransferEngine._push`): the whole update is validated
+  before the first byte is written;
 * ``check_full_digest`` (optional): after activating, hash the engine's weights from scratch and compare.
 
 Each update follows the run through :class:`~aurora_store.follow.Follower`: the cheapest path by bytes (the
@@ -65,6 +68,7 @@ from aurora_store.errors import (
     BaseVersionMismatchError,
     ConfigError,
     DigestMismatchError,
+    MessageError,
     StoreError,
     VersionNotFoundError,
 )
@@ -72,7 +76,7 @@ from aurora_store.follow import BucketChain, Follower
 from aurora_store.store import DeltaStore, open_bucket
 from aurora_store.store.snapshots import SnapshotManifest, read_snapshot_manifest
 from aurora_store.trust import Verifier
-from workers.vllm.wire import BACKEND_NAME, EXTENSION_PATH, unpack_updates
+from workers.vllm.wire import BACKEND_NAME, EXTENSION_PATH, check_updates, unpack_updates
 from workers.vllm.worker import ModelTarget
 
 log = logging.getLogger("aurora.vllm_backend")
@@ -213,7 +217,11 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
         if init_info.streams:
             settings = settings.with_overrides(streams=init_info.streams)
         stores = [DeltaStore(open_bucket(url, settings=settings), settings) for url in urls]
-        # with the run: another run's validly signed versions are refused
+        # With the run: one trainer key may sign several runs, and another run's validly signed versions
+        # (copied into this run's bucket by anyone who can write it) must be refused.
+        if init_info.trainer_public_key and not init_info.run:
+            raise ConfigError("the aurora backend verifies signed manifests against their run: init_info['run'] "
+                              "is required with init_info['trainer_public_key']")
         verify = Verifier.load(init_info.trainer_public_key, init_info.run) if init_info.trainer_public_key else None
         # The layout comes from a signed manifest of the starting version (its document is checked against
         # the manifest's fingerprint when read).
@@ -291,6 +299,7 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
 
     def receive_weights(self, update_info: AuroraUpdateInfo) -> None:
         target = self._bound()
+        _optional_version(update_info.base_version, "base_version")
         if update_info.scatter is not None:
             self._push(target, update_info)
             return
@@ -299,6 +308,7 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
         if update_info.base_version is not None and update_info.base_version != target.version:
             raise BaseVersionMismatchError(f"update expects the engine at version {update_info.base_version}, "
                                            f"it is at {target.version}")
+        _optional_version(update_info.version, "version")
         if update_info.version is not None and target.version is not None and update_info.version < target.version:
             raise BaseVersionMismatchError(f"the engine is at version {target.version} and cannot go back to "
                                            f"{update_info.version}")
@@ -321,18 +331,23 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
         del self.updates[:-RECORDS_KEPT]
 
     def _push(self, target: ModelTarget, info: AuroraUpdateInfo) -> None:
-        """Write pre-staged changed elements (validated before the first write). The caller staged them
-        against this engine's exact weights and checked the resulting digest; ``version``, when given, is
-        recorded so that later pull updates know where the engine is."""
+        """Write pre-staged changed elements. The caller staged them against this engine's exact weights and
+        checked the resulting digest; ``version``, when given, is recorded so that later pull updates know
+        where the engine is. The whole update — versions, digest, and every tensor's name, encoding, index
+        order and bounds (:func:`workers.vllm.wire.check_updates`) — is validated before the first byte is
+        written, so a malformed one leaves the weights, the version and the digest as they were."""
         if info.base_version is not None and info.base_version != target.version:
             raise BaseVersionMismatchError(f"update expects the engine at version {info.base_version}, "
                                            f"it is at {target.version}")
+        version = _optional_version(info.version, "version")
+        digest = WeightsDigest.parse(info.weights_digest) if info.weights_digest is not None else None
+        updates = check_updates(target.layout, unpack_updates(info.scatter))
         t0 = time.perf_counter()
-        changed = target.write(unpack_updates(info.scatter or []))
-        target.version = info.version
-        if info.weights_digest is not None:
-            target.digest = WeightsDigest.parse(info.weights_digest)
-        self._record(UpdateRecord(info.version if info.version is not None else -1, "push", (), changed, "",
+        changed = target.write(updates)
+        target.version = version
+        if digest is not None:
+            target.digest = digest
+        self._record(UpdateRecord(version if version is not None else -1, "push", (), changed, "",
                                   0.0, time.perf_counter() - t0))
 
     def _update_from(self, store: DeltaStore, target: ModelTarget, info: AuroraUpdateInfo) -> UpdateRecord:
@@ -353,3 +368,12 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
             raise DigestMismatchError(f"the engine's weights do not hash to version {goal}'s digest {target.digest}")
         return UpdateRecord(goal, report.kind, tuple(step.version for step in report.steps), target.written - written,
                             store.url, report.stage_s, report.activate_s)
+
+
+def _optional_version(value: object, field: str) -> int | None:
+    """A version field of an update: absent, or a non-negative integer (a bool or a float is not one)."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise MessageError(f"update_info[{field!r}] must be a non-negative integer, not {value!r:.40}")
+    return value

@@ -15,6 +15,9 @@ Each worker (TP rank) receives the *global* flat indices of a write or read and 
   blocks of ``V_p / T`` (the local parameter's row count), ``rank = r // (V_p / T)``, local index
   ``= (r mod (V_p / T)) * C + c``; padding rows are never addressed.
 * everything else (norms): replicated on every rank; written on all, read and hashed on rank 0.
+* MoE experts that the engine repacked after loading into a blocked layout (vLLM's CPU expert kernels): every
+  expert's slab ``[N, K]`` is permuted the same way, so loader element ``i = e * N * K + j`` lives at
+  ``e * N * K + P[j]``; ``P`` is read off the engine's own packing function (:func:`slab_permutation`).
 
 Every TP rank scatters its own slice in place; the base-version and digest check happens once for the
 whole engine, in the client (:class:`~workers.vllm.engine.VllmWeightTarget`), against the sum of the ranks'
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -53,15 +56,32 @@ class Shard:
     owner: bool
     _select: Callable[[torch.Tensor], tuple[torch.Tensor | None, torch.Tensor]] | None = None
     _global: Callable[[], torch.Tensor] | None = None
+    #: Repacked experts: the packed position, inside one expert's slab, of each loader-order element.
+    permutation: torch.Tensor | None = field(default=None, compare=False)
 
     @property
     def full(self) -> bool:
+        """This rank holds every element, each at its own flat index."""
+        return self._select is None and self.permutation is None
+
+    @property
+    def whole(self) -> bool:
+        """This rank holds every element (perhaps permuted: :attr:`permutation`)."""
         return self._select is None
 
     def select(self, indices: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        if self.permutation is not None:
+            slab = self.permutation.numel()
+            return None, indices - indices % slab + self.permutation[indices % slab]
         if self._select is None:
             return None, indices
         return self._select(indices)
+
+    def loader_order(self, flat: torch.Tensor, expert: int) -> torch.Tensor:
+        """Expert ``expert``'s slab of a permuted parameter's flat storage, in loader (codec) order (a copy)."""
+        assert self.permutation is not None
+        slab = self.permutation.numel()
+        return flat[expert * slab: (expert + 1) * slab].index_select(0, self.permutation.to(flat.device))
 
     def global_indices(self) -> torch.Tensor:
         """Global flat index of every local element (sharded tensors only)."""
@@ -175,3 +195,37 @@ def bind_layout(layout: ModelLayout, params: Mapping[str, torch.Tensor], tp_rank
         except LayoutError as exc:
             problems.append(str(exc))
     return shards, problems
+
+
+def slab_permutation(pack: Callable[[torch.Tensor], torch.Tensor], slab_shape: tuple[int, int]) -> torch.Tensor:
+    """``P`` with ``packed[e, P[j]] = loader[e, j]`` (flat within one expert's slab of shape ``slab_shape``) for
+    an engine's ``pack`` function of ``[E, N, K]`` bf16 tensors, read off ``pack`` itself: two experts' flat
+    indices are packed one base-256 digit at a time (small integers are exact in bf16), and the result must be
+    a permutation that is the same for every expert — anything else (arithmetic on the values, padding, mixing
+    experts) raises :class:`~aurora_store.errors.LayoutError`, since a flat-index write could not address it."""
+    rows, cols = slab_shape
+    slab = rows * cols
+    total = 2 * slab
+    index = torch.arange(total, dtype=torch.int64)
+    source = torch.zeros(total, dtype=torch.int64)  # loader index of each packed position
+    for digit in range(max(1, math.ceil(math.log2(total) / 8))):
+        probe = ((index >> (8 * digit)) & 255).to(torch.bfloat16).reshape(2, rows, cols)
+        packed = pack(probe)
+        if tuple(packed.shape) != (2, rows, cols):
+            raise LayoutError(f"the engine packs a [2, {rows}, {cols}] expert tensor into {tuple(packed.shape)}")
+        flat = packed.reshape(-1).float()
+        if not bool(((flat >= 0) & (flat <= 255) & (flat == flat.round())).all()):
+            raise LayoutError("the engine's expert packing changes values, not only their order")
+        source |= flat.to(torch.int64) << (8 * digit)
+    if not torch.equal(torch.sort(source).values, index) or not torch.equal(source[slab:], source[:slab] + slab):
+        raise LayoutError(f"the engine's expert packing of [{rows}, {cols}] slabs is not one permutation per expert")
+    position = torch.empty(slab, dtype=torch.int64)
+    position[source[:slab]] = torch.arange(slab, dtype=torch.int64)
+    return position
+
+
+def permuted(shard: Shard, permutation: torch.Tensor) -> Shard:
+    """``shard`` (a whole tensor at TP=1) with its experts' slabs permuted by ``permutation``."""
+    if not shard.whole or shard.numel != shard.local_numel or shard.numel % max(permutation.numel(), 1):
+        raise LayoutError("only a whole, unpadded expert tensor can be addressed through its packing")
+    return replace(shard, permutation=permutation)

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 
 from aurora_store.codec.digest import ZERO, WeightsDigest
+from aurora_store.codec.layout import ModelLayout
+from aurora_store.codec.target import check_indices, check_values
 from aurora_store.errors import LayoutError
 
 #: The ``aurora`` weight-transfer backend's name (``weight_transfer_config={"backend": "aurora"}``).
@@ -41,14 +43,21 @@ def pack_indices(indices: torch.Tensor) -> tuple[str, bytes]:
     return "i8", indices.to(torch.int64).numpy().tobytes()
 
 
+_INDEX_DTYPES = {"i4": np.int32, "i8": np.int64}
+
+
 def unpack_indices(kind: str, data: bytes) -> torch.Tensor:
-    dtype = {"i4": np.int32, "i8": np.int64}.get(kind)
+    dtype = _INDEX_DTYPES.get(kind) if isinstance(kind, str) else None
     if dtype is None:
-        raise LayoutError(f"unknown index encoding {kind!r}")
+        raise LayoutError(f"unknown index encoding {kind!r:.40}")
+    if not isinstance(data, bytes) or len(data) % np.dtype(dtype).itemsize:
+        raise LayoutError(f"index bytes must be a whole number of {kind} values")
     return torch.from_numpy(np.frombuffer(data, dtype=dtype).astype(np.int64))
 
 
 def unpack_bits(data: bytes) -> torch.Tensor:
+    if not isinstance(data, bytes) or len(data) % 2:
+        raise LayoutError("value bytes must be a whole number of int16 bit patterns")
     return torch.from_numpy(np.frombuffer(data, dtype=np.int16).copy())
 
 
@@ -57,8 +66,37 @@ def pack_updates(updates: Iterable[tuple[str, torch.Tensor, torch.Tensor]]) -> l
     return [[name, *pack_indices(indices), bits.numpy().tobytes()] for name, indices, bits in updates]
 
 
-def unpack_updates(wire: Sequence[WireUpdate]) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-    return [(name, unpack_indices(kind, data), unpack_bits(bits)) for name, kind, data, bits in wire]
+def unpack_updates(wire: object) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """Wire writes back as ``(name, flat indices, int16 bits)``; :class:`~aurora_store.errors.LayoutError` for
+    anything not shaped like :func:`pack_updates`' output (it may come from outside the process)."""
+    if not isinstance(wire, list | tuple):
+        raise LayoutError(f"a scatter is a list of [name, index kind, index bytes, bits bytes], not "
+                          f"{type(wire).__name__}")
+    out = []
+    for entry in wire:
+        if not isinstance(entry, list | tuple) or len(entry) != 4 or not isinstance(entry[0], str):
+            raise LayoutError(f"a scatter entry is [name, index kind, index bytes, bits bytes], not {entry!r:.80}")
+        name, kind, data, bits = entry
+        out.append((name, unpack_indices(kind, data), unpack_bits(bits)))
+    return out
+
+
+def check_updates(layout: ModelLayout, updates: Sequence[tuple[str, torch.Tensor, torch.Tensor]]
+                  ) -> Sequence[tuple[str, torch.Tensor, torch.Tensor]]:
+    """Refuse (:class:`~aurora_store.errors.LayoutError`) an update that is not wholly writable: a name
+    outside the layout or named twice, a count of values unlike the count of indices, indices not strictly
+    increasing (a repeated index would make the written value depend on write order) or outside the tensor.
+    Checked before anything is written; returns ``updates``."""
+    seen: set[str] = set()
+    for name, indices, bits in updates:
+        if name in seen:
+            raise LayoutError(f"{name}: named twice in one update")
+        seen.add(name)
+        check_indices(layout, name, indices)
+        check_values(name, indices, bits)
+        if indices.numel() > 1 and not bool((indices[1:] > indices[:-1]).all()):
+            raise LayoutError(f"{name}: flat indices must be strictly increasing")
+    return updates
 
 
 def merge_gathered(count: int, replies: Iterable[list[bytes | None]]) -> torch.Tensor:

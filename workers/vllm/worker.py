@@ -13,12 +13,15 @@ Every method works on vLLM's inference tensors (``…qkv_proj.weight``, ``…gat
 the codec's fused flat index (TP ranks: :mod:`workers.vllm.shards`), so a delta is scattered straight into
 the storage the kernels read: no reload, no full-shape staging tensor, no copy of the weights. On vLLM's
 CPU backend that holds only because the ``aurora`` plugin selects vLLM's fallback GEMM
-(:func:`workers.vllm.backend.keep_cpu_weights_addressable`); binding checks it (:func:`packed_layers`).
+(:func:`workers.vllm.backend.keep_cpu_weights_addressable`); binding checks it (:func:`packed_layers`). Its MoE
+experts are repacked after loading into a blocked layout, a fixed permutation of each expert's elements that
+binding reads off vLLM's own packing function (:func:`repacked_experts`), so writes, reads and digests of those
+tensors go through it: the kernels' copy is the only copy, updated in place.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -27,7 +30,7 @@ from aurora_store.codec.digest import ZERO, WeightsDigest, hash_elements, hash_r
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.target import check_indices, check_values
 from aurora_store.errors import LayoutError
-from workers.vllm.shards import Shard, bind_layout
+from workers.vllm.shards import Shard, bind_layout, permuted, slab_permutation
 from workers.vllm.wire import unpack_indices
 
 Params = Mapping[str, torch.Tensor]
@@ -95,6 +98,11 @@ def digest_local(layout: ModelLayout, shards: Mapping[str, Shard], params: Param
         flat = flat_bits(params, tensor.name, shard)
         if shard.full:
             total = total + hash_range(tensor.name, 0, flat[: tensor.numel])
+        elif shard.permutation is not None:
+            # One expert's slab at a time back in loader order: a slab-sized copy, never the whole tensor.
+            slab = shard.permutation.numel()
+            for expert in range(tensor.numel // slab):
+                total = total + hash_range(tensor.name, expert * slab, shard.loader_order(flat, expert))
         else:
             glob = shard.global_indices()
             total = total + hash_elements(tensor.name, glob, flat[: glob.numel()])
@@ -104,7 +112,12 @@ def digest_local(layout: ModelLayout, shards: Mapping[str, Shard], params: Param
 def read_local(layout: ModelLayout, shards: Mapping[str, Shard], params: Params, name: str) -> torch.Tensor:
     """A copy of the full flat bits of ``name`` (TP=1; for checks and tests — O(tensor size))."""
     tensor = layout[name]
-    return flat_bits(params, name, shards[tensor.name])[: tensor.numel].cpu().clone()
+    shard = shards[tensor.name]
+    flat = flat_bits(params, name, shard)
+    if shard.permutation is not None:
+        slab = shard.permutation.numel()
+        return torch.cat([shard.loader_order(flat, e) for e in range(tensor.numel // slab)]).cpu()
+    return flat[: tensor.numel].cpu().clone()
 
 
 def _check_bounds(name: str, local: torch.Tensor, limit: int) -> None:
@@ -121,37 +134,61 @@ def packed_layers(model: torch.nn.Module) -> list[str]:
             if getattr(module, "cpu_linear", linear) is not linear]
 
 
-def repacked_experts(model: torch.nn.Module) -> list[str]:
-    """MoE layers whose experts vLLM's CPU backend computes from weights it repacked after loading
-    (``CPUUnquantizedExperts.process_weights_after_loading`` → ``cpu_prepack_moe_weight``, unless it chose
-    zentorch): their parameters keep their shapes but not the loaders' element order, so an in-place write at
-    a codec flat index would land on the wrong weight. Empty on other platforms and kernels."""
+def repacked_experts(model: torch.nn.Module) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """Expert parameters (``…w13_weight``, ``…w2_weight``) that vLLM's CPU backend computes from a copy it
+    repacked after loading (``CPUUnquantizedExperts.process_weights_after_loading`` →
+    ``cpu_prepack_moe_weight``, unless it chose zentorch), each with the packing function it used: same shape,
+    elements permuted, so a write at a codec flat index goes through that permutation
+    (:func:`~workers.vllm.shards.slab_permutation`). Empty on other platforms and kernels."""
     try:
+        from vllm._custom_ops import cpu_prepack_moe_weight
         from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
     except ImportError:  # a vLLM without CPU MoE kernels
-        return []
-    found = []
+        return {}
+    found: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
     for name, module in model.named_modules():
         kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
         experts = getattr(kernel, "fused_experts", None)
         if isinstance(experts, CPUUnquantizedExperts) and not getattr(experts, "_use_zentorch", False):
-            found.append(name)
+            isa = experts.isa
+
+            def pack(weight: torch.Tensor, isa: str = isa) -> torch.Tensor:
+                return cpu_prepack_moe_weight(weight, isa)
+
+            for param in ("w13_weight", "w2_weight"):
+                found[f"{name}.{param}" if name else param] = pack
     return found
 
 
 def bind_model(layout: ModelLayout, model: torch.nn.Module, tp_rank: int, tp_size: int
                ) -> tuple[dict[str, Shard], list[str]]:
-    """:func:`~workers.vllm.shards.bind_layout` over a worker's model, plus :func:`packed_layers`:
-    ``(shards, problems)`` (no problems = every layout tensor is addressable in place)."""
-    shards, problems = bind_layout(layout, dict(model.named_parameters()), tp_rank, tp_size)
+    """:func:`~workers.vllm.shards.bind_layout` over a worker's model, plus :func:`packed_layers` and the
+    experts' packings (:func:`repacked_experts`): ``(shards, problems)`` (no problems = every layout tensor is
+    addressable in place)."""
+    params = dict(model.named_parameters())
+    shards, problems = bind_layout(layout, params, tp_rank, tp_size)
     problems += [f"{name}: vLLM computes this layer from a repacked copy of its weight, so in-place writes "
                  "would not reach it (the aurora vllm.general_plugins entry point selects vLLM's fallback GEMM "
                  "on CPU: is aurora-rl installed where vLLM runs, and not excluded by VLLM_PLUGINS?)"
                  for name in packed_layers(model)]
-    problems += [f"{name}: vLLM's CPU MoE backend repacked w13_weight/w2_weight into a blocked layout after "
-                 "loading (same shape, elements permuted), so the codec's flat indices do not address them; "
-                 "MoE weights can be updated in place only on a backend that keeps the loaded layout"
-                 for name in repacked_experts(model)]
+    permutations: dict[tuple[int, int], torch.Tensor] = {}  # one probe per slab shape, shared by all layers
+    for name, pack in repacked_experts(model).items():
+        shard = shards.get(name)
+        if shard is None:  # its mismatch is reported by bind_layout; say what usually causes it
+            problems.append(f"{name}: repacked experts that do not match the layout cannot be addressed in place "
+                            "(vLLM's CPU MoE kernels zero-pad an expert size that is not a multiple of their block "
+                            "before repacking)")
+            continue
+        try:
+            if tp_size != 1:
+                raise LayoutError("repacked experts are addressed at TP=1 only")
+            _, rows, cols = params[name].shape
+            shape = (int(rows), int(cols))
+            if shape not in permutations:
+                permutations[shape] = slab_permutation(pack, shape)
+            shards[name] = permuted(shard, permutations[shape])
+        except LayoutError as exc:
+            problems.append(f"{name}: vLLM's CPU MoE backend repacked it after loading and {exc}")
     return shards, problems
 
 
@@ -292,7 +329,7 @@ class AuroraWorkerExtension:
     def aurora_read(self, names: list[str]) -> list[bytes]:
         """Full flat bits of the named tensors (TP=1; for checks and tests — O(tensor size))."""
         layout, shards = self._aurora_bound()
-        if any(not shards[layout[n].name].full for n in names):
+        if any(not shards[layout[n].name].whole for n in names):
             raise LayoutError("aurora_read needs TP=1; read sharded tensors with aurora_gather")
         params = self._aurora_params()
         return [read_local(layout, shards, params, n).numpy().tobytes() for n in names]

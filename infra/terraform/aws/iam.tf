@@ -43,6 +43,11 @@ data "aws_iam_policy_document" "trainer" {
     actions   = ["secretsmanager:GetSecretValue"]
     resources = [module.trainer.signing_key_secret_arn]
   }
+  statement {
+    sid       = "ReadAdmissionSecret"
+    actions   = ["secretsmanager:GetSecretValue"]
+    resources = [aws_secretsmanager_secret.admission.arn]
+  }
 }
 
 resource "aws_iam_role_policy" "trainer" {

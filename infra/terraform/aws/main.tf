@@ -31,6 +31,8 @@ locals {
     source_bucket_url       = module.home_bucket.url
     redis_parameter_name    = module.redis.url_parameter_name
     redis_parameter_arn     = module.redis.url_parameter_arn
+    admission_secret_id     = aws_secretsmanager_secret.admission.name
+    admission_secret_arn    = aws_secretsmanager_secret.admission.arn
     home_vpc_id             = module.home_network.vpc_id
     home_route_table_id     = module.home_network.route_table_id
     home_cidr               = module.home_network.cidr
@@ -107,6 +109,8 @@ module "home_actors" {
   redis_parameter_name   = module.redis.url_parameter_name
   redis_parameter_arn    = module.redis.url_parameter_arn
   redis_parameter_region = var.home_region
+  admission_secret_id    = aws_secretsmanager_secret.admission.name
+  admission_secret_arn   = aws_secretsmanager_secret.admission.arn
   vpc_id                 = module.home_network.vpc_id
   subnet_ids             = module.home_network.subnet_ids
   desired_count          = local.actor_counts[var.home_region]
@@ -145,6 +149,7 @@ module "trainer" {
   bucket_url                 = module.home_bucket.url
   redis_parameter_name       = module.redis.url_parameter_name
   redis_parameter_region     = var.home_region
+  admission_secret_id        = aws_secretsmanager_secret.admission.name
   pip_requirements           = local.pip_requirements
   pip_extra_args             = var.pip_extra_args
   model_url                  = var.model_url
@@ -153,6 +158,18 @@ module "trainer" {
   trainer_args               = var.trainer_args
   stop_timeout_s             = var.trainer_stop_timeout_s
   tags                       = local.tags
+}
+
+# --- the admission secret: a secret without a value (the value never passes through Terraform or its state) --
+# Actors prove their registration with it and the trainer checks it (AURORA_ADMISSION_SECRET): whoever holds
+# only the Redis URL cannot join the run. The operator uploads 32 random bytes after apply, e.g.
+# `python -c 'import secrets; print(secrets.token_urlsafe(32))'`; instances read it at boot, never from user data.
+
+resource "aws_secretsmanager_secret" "admission" {
+  name                    = "aurora/${var.run}/admission-secret"
+  description             = "Admission secret of the Aurora run ${var.run}: actors prove registration with it"
+  recovery_window_in_days = var.signing_key_recovery_days
+  tags                    = local.tags
 }
 
 # --- remote regions (fixed provider slots, see providers.tf) -----------------------------------------------

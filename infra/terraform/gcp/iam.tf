@@ -39,6 +39,12 @@ resource "google_secret_manager_secret_iam_member" "trainer_redis_url" {
   member    = google_service_account.trainer.member
 }
 
+resource "google_secret_manager_secret_iam_member" "trainer_admission" {
+  secret_id = google_secret_manager_secret.admission.id
+  role      = "roles/secretmanager.secretAccessor"
+  member    = google_service_account.trainer.member
+}
+
 # --- garbage collection --------------------------------------------------------------------------------------
 
 resource "google_service_account" "gc" {

@@ -55,33 +55,34 @@ module "redis" {
 }
 
 module "actors" {
-  source             = "../modules/gcp-actors"
-  for_each           = toset(local.regions)
-  name               = local.name
-  run                = var.run
-  region             = each.value
-  bucket_name        = module.bucket[each.value].name
-  bucket_url         = module.bucket[each.value].url
-  source_bucket_name = local.home_bucket.name
-  source_bucket_url  = local.home_bucket.url
-  redis_secret_id    = module.redis.secret_id
-  redis_ca_cert      = module.redis.ca_cert
-  redis_ca_path      = module.redis.ca_path
-  subnetwork_id      = module.network.subnetwork_ids[each.value]
-  desired_count      = local.actor_counts[each.value]
-  machine_type       = var.actor_machine_type
-  gpu_type           = var.actor_gpu_type
-  gpu_count          = var.actor_gpu_count
-  image              = var.actor_image
-  disk_gb            = var.actor_disk_gb
-  stop_timeout_s     = var.actor_stop_timeout_s
-  engine             = var.engine
-  pip_requirements   = local.pip_requirements
-  pip_extra_args     = var.pip_extra_args
-  trainer_public_key = var.trainer_public_key
-  metrics_port       = var.metrics_port
-  model_url          = var.model_url
-  labels             = local.labels
+  source              = "../modules/gcp-actors"
+  for_each            = toset(local.regions)
+  name                = local.name
+  run                 = var.run
+  region              = each.value
+  bucket_name         = module.bucket[each.value].name
+  bucket_url          = module.bucket[each.value].url
+  source_bucket_name  = local.home_bucket.name
+  source_bucket_url   = local.home_bucket.url
+  redis_secret_id     = module.redis.secret_id
+  admission_secret_id = google_secret_manager_secret.admission.id
+  redis_ca_cert       = module.redis.ca_cert
+  redis_ca_path       = module.redis.ca_path
+  subnetwork_id       = module.network.subnetwork_ids[each.value]
+  desired_count       = local.actor_counts[each.value]
+  machine_type        = var.actor_machine_type
+  gpu_type            = var.actor_gpu_type
+  gpu_count           = var.actor_gpu_count
+  image               = var.actor_image
+  disk_gb             = var.actor_disk_gb
+  stop_timeout_s      = var.actor_stop_timeout_s
+  engine              = var.engine
+  pip_requirements    = local.pip_requirements
+  pip_extra_args      = var.pip_extra_args
+  trainer_public_key  = var.trainer_public_key
+  metrics_port        = var.metrics_port
+  model_url           = var.model_url
+  labels              = local.labels
 }
 
 module "trainer" {
@@ -103,6 +104,7 @@ module "trainer" {
   data_disk_gb           = var.trainer_data_disk_gb
   bucket_url             = local.home_bucket.url
   redis_secret_id        = module.redis.secret_id
+  admission_secret_id    = google_secret_manager_secret.admission.id
   redis_ca_cert          = module.redis.ca_cert
   redis_ca_path          = module.redis.ca_path
   pip_requirements       = local.pip_requirements
@@ -140,4 +142,17 @@ module "relay" {
   metrics_port                = var.metrics_port
   model_url                   = var.model_url
   labels                      = local.labels
+}
+
+# --- the admission secret: a secret without a version (the value never passes through Terraform or its state) --
+# Actors prove their registration with it and the trainer checks it (AURORA_ADMISSION_SECRET): whoever holds
+# only the Redis URL cannot join the run. The operator adds a version after apply (32 random bytes, e.g.
+# `python -c 'import secrets; print(secrets.token_urlsafe(32))'`); VMs read it at boot, never from metadata.
+
+resource "google_secret_manager_secret" "admission" {
+  secret_id = "${local.name}-admission-secret"
+  labels    = local.labels
+  replication {
+    auto {}
+  }
 }

@@ -15,6 +15,7 @@ locals {
     source_bucket_url      = local.source_bucket_url
     redis_parameter_name   = var.redis_parameter_name
     redis_parameter_region = var.redis_parameter_region
+    admission_secret_id    = var.admission_secret_id
     pip_requirements       = var.pip_requirements
     pip_extra_args         = var.pip_extra_args
     engine                 = var.engine
@@ -58,6 +59,11 @@ data "aws_iam_policy_document" "actor" {
     sid       = "ReadRedisUrl"
     actions   = ["ssm:GetParameter"]
     resources = [var.redis_parameter_arn]
+  }
+  statement {
+    sid       = "ReadAdmissionSecret"
+    actions   = ["secretsmanager:GetSecretValue"]
+    resources = [var.admission_secret_arn]
   }
 }
 

@@ -43,6 +43,16 @@ variable "redis_parameter_arn" {
   type        = string
 }
 
+variable "admission_secret_id" {
+  description = "Secrets Manager secret (home region) holding the run's admission secret."
+  type        = string
+}
+
+variable "admission_secret_arn" {
+  description = "ARN of that secret (actors may read it and nothing else of Secrets Manager)."
+  type        = string
+}
+
 variable "redis_parameter_region" {
   description = "Region of that parameter (the home region)."
   type        = string

@@ -38,6 +38,8 @@ module "actors" {
   redis_parameter_name   = local.c.redis_parameter_name
   redis_parameter_arn    = local.c.redis_parameter_arn
   redis_parameter_region = local.c.home_region
+  admission_secret_id    = local.c.admission_secret_id
+  admission_secret_arn   = local.c.admission_secret_arn
   vpc_id                 = module.network.vpc_id
   subnet_ids             = module.network.subnet_ids
   desired_count          = var.actor_count

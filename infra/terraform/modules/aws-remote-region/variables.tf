@@ -42,6 +42,8 @@ variable "common" {
     source_bucket_url       = string
     redis_parameter_name    = string
     redis_parameter_arn     = string
+    admission_secret_id     = string
+    admission_secret_arn    = string
     home_vpc_id             = string
     home_route_table_id     = string
     home_cidr               = string

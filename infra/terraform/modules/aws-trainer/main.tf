@@ -15,6 +15,7 @@ locals {
     redis_parameter_name   = var.redis_parameter_name
     redis_parameter_region = var.redis_parameter_region
     signing_key_secret_id  = aws_secretsmanager_secret.signing_key.name # known at plan time, unlike the ARN
+    admission_secret_id    = var.admission_secret_id
     data_volume_tag        = local.volume_tag
     pip_requirements       = var.pip_requirements
     pip_extra_args         = var.pip_extra_args

@@ -78,6 +78,11 @@ variable "redis_parameter_name" {
   type = string
 }
 
+variable "admission_secret_id" {
+  description = "Secrets Manager secret (this region) holding the run's admission secret."
+  type        = string
+}
+
 variable "redis_parameter_region" {
   type = string
 }

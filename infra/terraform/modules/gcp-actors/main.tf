@@ -9,20 +9,21 @@ locals {
   readable_buckets  = toset(distinct([var.bucket_name, var.source_bucket_name]))
 
   startup_script = templatefile("${path.module}/templates/actor-startup.sh.tftpl", {
-    run                = var.run
-    region             = var.region
-    bucket_url         = var.bucket_url
-    source_bucket_url  = local.source_bucket_url
-    redis_secret_id    = var.redis_secret_id
-    redis_ca_cert      = var.redis_ca_cert
-    redis_ca_path      = var.redis_ca_path
-    pip_requirements   = var.pip_requirements
-    pip_extra_args     = var.pip_extra_args
-    engine             = var.engine
-    trainer_public_key = var.trainer_public_key
-    metrics_port       = var.metrics_port == null ? "" : tostring(var.metrics_port)
-    model_url          = var.model_url
-    stop_timeout_s     = var.stop_timeout_s
+    run                 = var.run
+    region              = var.region
+    bucket_url          = var.bucket_url
+    source_bucket_url   = local.source_bucket_url
+    redis_secret_id     = var.redis_secret_id
+    admission_secret_id = var.admission_secret_id
+    redis_ca_cert       = var.redis_ca_cert
+    redis_ca_path       = var.redis_ca_path
+    pip_requirements    = var.pip_requirements
+    pip_extra_args      = var.pip_extra_args
+    engine              = var.engine
+    trainer_public_key  = var.trainer_public_key
+    metrics_port        = var.metrics_port == null ? "" : tostring(var.metrics_port)
+    model_url           = var.model_url
+    stop_timeout_s      = var.stop_timeout_s
   })
   shutdown_script = file("${path.module}/templates/actor-shutdown.sh")
 }
@@ -43,6 +44,12 @@ resource "google_storage_bucket_iam_member" "read" {
 
 resource "google_secret_manager_secret_iam_member" "redis_url" {
   secret_id = var.redis_secret_id
+  role      = "roles/secretmanager.secretAccessor"
+  member    = google_service_account.actor.member
+}
+
+resource "google_secret_manager_secret_iam_member" "admission" {
+  secret_id = var.admission_secret_id
   role      = "roles/secretmanager.secretAccessor"
   member    = google_service_account.actor.member
 }

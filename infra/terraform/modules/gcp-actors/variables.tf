@@ -33,6 +33,11 @@ variable "source_bucket_url" {
   type        = string
 }
 
+variable "admission_secret_id" {
+  description = "Secret Manager secret holding the run's admission secret (projects/<p>/secrets/<id>)."
+  type        = string
+}
+
 variable "redis_secret_id" {
   description = "Secret Manager secret holding the Redis URL (projects/<p>/secrets/<id>)."
   type        = string

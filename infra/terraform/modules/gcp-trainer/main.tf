@@ -14,6 +14,7 @@ locals {
     redis_ca_cert         = var.redis_ca_cert
     redis_ca_path         = var.redis_ca_path
     signing_key_secret_id = google_secret_manager_secret.signing_key.id
+    admission_secret_id   = var.admission_secret_id
     data_device           = "/dev/disk/by-id/google-${local.disk_device}"
     pip_requirements      = var.pip_requirements
     pip_extra_args        = var.pip_extra_args
