@@ -219,10 +219,14 @@ class Relay:
     def copy_segment(self, ref: SegmentRef, version: int | None = None) -> Future:
         with self._lock:
             future = self.inflight.get(ref.digest)
-            if future is None or (future.done() and future.exception() is not None):
+            started = future is None or (future.done() and future.exception() is not None)
+            if started:
                 future = self.pool.submit(self._copy_segment, ref, version)
                 self.inflight[ref.digest] = future
-                future.add_done_callback(functools.partial(self._settled, ref.digest))
+        assert future is not None
+        if started:
+            # Outside the lock: a copy already over runs its callback here and now, and the callback takes it.
+            future.add_done_callback(functools.partial(self._settled, ref.digest))
         return future
 
     def _settled(self, digest: str, future: Future) -> None:
