@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import pytest
@@ -23,7 +24,7 @@ from aurora_store.bus import ControlPlane, RunKeys, VersionEvent
 from aurora_store.bus.messages import MAX_VERSION
 from aurora_store.codec import CodecParams, ModelLayout, TensorTarget, digest_state, pieces_from_states
 from aurora_store.codec.manifest import SegmentRef
-from aurora_store.errors import MessageError
+from aurora_store.errors import MessageError, ObjectNotFoundError
 from aurora_store.follow import BucketChain, Follower, Prefetcher
 from aurora_store.metrics import Metrics
 from aurora_store.store import DeltaStore, object_names, open_bucket
@@ -238,6 +239,32 @@ def test_forged_segment_names_hold_no_state_beyond_the_bounds(relay, redis_url):
     assert not relay_.inflight and not forged & relay_.present and not forged & relay_.announced
     assert not any(forged & names for names in relay_.segments_by_version.values())
     assert not forged & set(DeltaStore(relay_.config.dest).segment_digests())
+    forwards_the_next_version(relay_, chain, plane)
+
+
+class _Finished:
+    """Lanes whose copies are over by the time ``submit`` returns (a fast failure on an idle machine)."""
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        future.set_exception(ObjectNotFoundError("no such segment"))
+        return future
+
+
+def test_a_copy_over_before_it_is_recorded_leaves_no_state_and_no_deadlock(relay):
+    """The race a flood of forged names makes likely, made certain: a copy that has failed by the time it is
+    recorded is forgotten at once — and the relay does not deadlock on its own lock doing so."""
+    relay_, chain, plane = relay
+    lanes, relay_.pool = relay_.pool, _Finished()
+    try:
+        name = hashlib.sha256(b"over at once").hexdigest()
+        copier = threading.Thread(target=relay_.copy_segment, args=(SegmentRef(name, 10, ()), 3), daemon=True)
+        copier.start()
+        copier.join(timeout=5)
+        assert not copier.is_alive(), "the relay deadlocked recording a copy that was already over"
+        assert name not in relay_.inflight
+    finally:
+        relay_.pool = lanes
     forwards_the_next_version(relay_, chain, plane)
 
 
