@@ -53,7 +53,11 @@ class Metrics:
         self.cache_served_bytes = Counter("aurora_cache_served_bytes", "Segment bytes the relay's cache served to "
                                           "its region's actors", registry=r)
         self.cache_refused = Counter("aurora_cache_refused", "Cache requests refused, by reason (auth: missing or "
-                                     "wrong token, busy: over the concurrency bound)", ["reason"], registry=r)
+                                     "wrong token, busy: over the concurrency or per-client bound, slow: no "
+                                     "request line and headers within the deadline)", ["reason"], registry=r)
+        self.events_dropped = Counter("aurora_events_dropped", "Version events not acted on, by reason (a version "
+                                      "out of the window, not in the bucket, a bound reached, …)", ["reason"],
+                                      registry=r)
         # actors: where segment bytes came from, prefetching
         self.segment_reads = Counter("aurora_segment_reads", "Segments an actor read, by source (prefetched, "
                                      "relay_cache, bucket)", ["source"], registry=r)
@@ -84,7 +88,7 @@ class Metrics:
         self.reward = Gauge("aurora_reward", "Mean reward of the latest step's rollouts", registry=r)
         for event in ("granted", "expired", "returned"):
             self.leases.labels(event)
-        for reason in ("auth", "busy"):
+        for reason in ("auth", "busy", "slow"):
             self.cache_refused.labels(reason)
         for source in ("prefetched", "relay_cache", "bucket"):
             self.segment_reads.labels(source)

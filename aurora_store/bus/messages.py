@@ -3,6 +3,11 @@
 Events carry references only (version, manifest key, digest): no receiver acts on an event alone — it
 reads and verifies the manifest in its bucket. Every message converts to flat stream fields and back;
 malformed input raises :class:`MessageError`.
+
+Anyone holding the Redis URL can write any stream, so this is the one gate every message passes where it is
+parsed: each field's raw text is held to a length cap *before* it is parsed (``LIMITS``: what the field can
+legitimately carry), then typed, then range-checked (``__post_init__``, with the ``check_*`` helpers). A kind
+outside ``KINDS`` raises :class:`UnknownKindError`, so readers can count it apart from malformed input.
 """
 
 from __future__ import annotations
@@ -15,14 +20,65 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 from aurora_store.codec import jsondoc
-from aurora_store.errors import MessageError
+from aurora_store.codec.digest import WeightsDigest
+from aurora_store.errors import FormatError, MessageError
+
+#: Largest version any message may name: the largest a bucket's object names spell (12 digits,
+#: ``store.object_names.VERSION_DIGITS``) — far beyond any run, and exact in every JSON reader.
+MAX_VERSION = 10**12 - 1
+#: Largest segment a ``segment`` event may announce: the codec's largest target (1 GiB) plus one chunk's slack.
+MAX_SEGMENT_BYTES = 1 << 31
+#: Stream timestamps (ms): up to the year 2255.
+MAX_MILLIS = 1 << 43
+#: Raw length cap of a field no ``LIMITS`` entry names: numbers are short, and free text is the exception.
+INT_CHARS = 24
+FLOAT_CHARS = 32
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+_OBJECT_KEY = re.compile(r"[A-Za-z0-9._/-]{1,256}")
+
+
+class UnknownKindError(MessageError):
+    """A message names a kind its reader does not know: dropped and counted, like malformed input."""
+
+
+def check_range(owner: str, name: str, value: int | float | None, low: int | float, high: int | float) -> None:
+    """``value`` (if not ``None``) lies within ``[low, high]``, else :class:`MessageError`."""
+    if value is not None and not low <= value <= high:
+        raise MessageError(f"{owner}.{name}: {value!r} is outside [{low}, {high}]")
+
+
+def check_pattern(owner: str, name: str, value: str | None, pattern: re.Pattern[str]) -> None:
+    """``value`` (if not ``None``) matches ``pattern`` whole, else :class:`MessageError`."""
+    if value is not None and not pattern.fullmatch(value):
+        raise MessageError(f"{owner}.{name}: {value[:80]!r} is not a valid value")
+
+
+def check_sha256(owner: str, name: str, value: str | None) -> None:
+    """A SHA-256 in the one spelling names use: 64 lower-case hex digits (it becomes an object or file name)."""
+    check_pattern(owner, name, value, _SHA256)
+
+
+def is_sha256(value: object) -> bool:
+    return isinstance(value, str) and _SHA256.fullmatch(value) is not None
+
+
+def _limit(cls, name: str, kind: str) -> int | None:
+    limits: Mapping[str, int] = getattr(cls, "LIMITS", {})
+    if name in limits:
+        return limits[name]
+    if kind.startswith("int"):
+        return INT_CHARS
+    if kind.startswith("float"):
+        return FLOAT_CHARS
+    return None
 
 # --- bounds of the membership messages (registration, actor state, lease, result) ---------------------------
 # Everything an actor sends is checked here, where it is parsed: an ill-typed or out-of-range field makes the
 # whole message malformed (counted and dropped by the reader), never an exception in the trainer's loop.
 ACTOR_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 LEASE_ID = re.compile(r"[0-9a-f]{32}")  # uuid4().hex, as the ledger makes them
-MAX_VERSION = 2**53  # any version a run can reach; keeps arithmetic on versions exact
 MAX_TEXT = 256  # short free-text fields (region, engine, host, digest, status)
 MAX_GROUP = 1024  # samples per prompt
 MAX_NEW_TOKENS = 1 << 17
@@ -74,6 +130,11 @@ def _coerce(cls, raw: Mapping[str, str]):
             raise MessageError(f"{cls.__name__}: missing field {f.name!r}")
         value = raw[f.name]
         kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        limit = _limit(cls, f.name, kind)
+        if limit is not None and isinstance(value, (str, bytes)) and len(value) > limit:
+            # before any parsing: a many-megabyte field costs its reader nothing beyond this length check
+            raise MessageError(f"{cls.__name__}.{f.name}: {len(value)} characters, more than the {limit} "
+                               f"it can carry")
         try:
             if value == "" and "None" in kind:
                 kwargs[f.name] = None
@@ -94,6 +155,8 @@ def _coerce(cls, raw: Mapping[str, str]):
             raise MessageError(f"{cls.__name__}.{f.name}: bad value {value!r}") from exc
     try:
         return cls(**kwargs)
+    except MessageError:
+        raise  # already says what is wrong (and its type: an unknown kind is counted apart)
     except (TypeError, ValueError) as exc:
         raise MessageError(f"{cls.__name__}: {exc}") from exc
 
@@ -115,6 +178,10 @@ def _fields(obj) -> dict[str, str]:
 
 
 class _Message:
+    #: Raw length cap (characters) per field, checked before parsing; fields not named get the defaults above
+    #: (numbers) or none (free text and JSON: a message class with such fields names their caps here).
+    LIMITS: ClassVar[Mapping[str, int]] = {}
+
     def to_fields(self) -> dict[str, str]:
         return _fields(self)
 
@@ -129,6 +196,8 @@ class VersionEvent(_Message):
     boundary), ``snapshot`` (a snapshot is durable)."""
 
     KINDS: ClassVar[tuple[str, ...]] = ("segment", "staged", "commit", "snapshot")
+    LIMITS: ClassVar[Mapping[str, int]] = {"kind": 16, "region": 64, "manifest_key": 256, "weights_digest": 64,
+                                           "segment": 64}
     kind: str
     version: int
     region: str
@@ -141,9 +210,28 @@ class VersionEvent(_Message):
 
     def __post_init__(self) -> None:
         if self.kind not in self.KINDS:
-            raise MessageError(f"unknown version event kind {self.kind!r}")
-        if self.version < 0:
-            raise MessageError("negative version")
+            raise UnknownKindError(f"unknown version event kind {self.kind[:16]!r}")
+        owner = f"VersionEvent({self.kind})"
+        check_range(owner, "version", self.version, 0, MAX_VERSION)
+        check_range(owner, "base", self.base, 0, MAX_VERSION)
+        check_pattern(owner, "region", self.region, _NAME)
+        check_pattern(owner, "manifest_key", self.manifest_key, _OBJECT_KEY)
+        if self.manifest_key is not None and ".." in self.manifest_key.split("/"):
+            raise MessageError(f"{owner}.manifest_key: {self.manifest_key[:80]!r} climbs out of the run")
+        if self.weights_digest is not None:
+            _check_weights_digest(owner, self.weights_digest)
+        check_sha256(owner, "segment", self.segment)
+        check_range(owner, "size", self.size, 1, MAX_SEGMENT_BYTES)
+        check_range(owner, "sent_ms", self.sent_ms, 0, MAX_MILLIS)
+        if self.kind == "segment" and (self.segment is None or self.size is None):
+            raise MessageError(f"{owner}: a segment event names its segment and size")
+
+
+def _check_weights_digest(owner: str, value: str) -> None:
+    try:
+        WeightsDigest.parse(value)
+    except FormatError as exc:
+        raise MessageError(f"{owner}.weights_digest: {exc}") from None
 
 
 @dataclass(frozen=True)

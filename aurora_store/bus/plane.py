@@ -7,6 +7,9 @@ notifications are recovered by re-reading the bucket (the caller's job) or by le
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -22,6 +25,7 @@ from aurora_store.bus.messages import (
     RelayState,
     RolloutResult,
     TrainerState,
+    UnknownKindError,
     VersionEvent,
 )
 from aurora_store.bus.redis_keys import RunKeys
@@ -47,6 +51,8 @@ class Received:
     result: RolloutResult | None
     problem: str | None = None
 
+log = logging.getLogger("aurora.bus.plane")
+
 
 class ControlPlane:
     """``heartbeat_ttl_s``: how long the states this client writes outlive their last heartbeat (the processes
@@ -59,6 +65,21 @@ class ControlPlane:
         self.run = run
         self.url = url
         self._redis = Reconnecting(url, wait_s=wait_s, on_reconnect=on_reconnect)
+        #: Messages dropped at the parse gate, by ``"<message>:<reason>"`` (``unknown_kind`` or ``malformed``).
+        self.rejected: Counter[str] = Counter()
+        self._rejected_lock = threading.Lock()
+
+    def reject(self, message: str, error: MessageError, entry_id: str) -> None:
+        """Count (and log, sparingly: a flood of forgeries must not become a flood of log lines) a message
+        dropped at the parse gate. Never raises: a bad message is not the reader's failure."""
+        reason = "unknown_kind" if isinstance(error, UnknownKindError) else "malformed"
+        key = f"{message}:{reason}"
+        with self._rejected_lock:
+            self.rejected[key] += 1
+            count = self.rejected[key]
+        if count & (count - 1) == 0:  # the 1st, 2nd, 4th, 8th, … of each kind
+            log.warning("dropped a %s message", message, extra={"reason": reason, "error": str(error)[:300],
+                                                                  "entry": entry_id, "count": count})
 
     @property
     def reconnects(self) -> int:
@@ -81,16 +102,25 @@ class ControlPlane:
     def read_events(self, cursors: Mapping[str, str], *, block_ms: int | None = BLOCK_MS,
                     ) -> list[tuple[str, str, VersionEvent]]:
         """New events after ``cursors`` (region → last id); returns ``(region, id, event)``; malformed entries
-        are skipped (they cannot be trusted, and the bucket is the truth anyway)."""
+        are skipped (they cannot be trusted, and the bucket is the truth anyway). A loop that reads on from the
+        ids returned re-reads malformed entries at the end of a stream: loops use :meth:`read_event_batch`."""
+        return self.read_event_batch(cursors, block_ms=block_ms)[0]
+
+    def read_event_batch(self, cursors: Mapping[str, str], *, block_ms: int | None = BLOCK_MS,
+                         ) -> tuple[list[tuple[str, str, VersionEvent]], dict[str, str]]:
+        """:meth:`read_events`, and the cursors to read on from: past every entry read, malformed ones
+        included — so that one bad message is parsed (and counted) once, never re-read in a spin."""
         keyed = {self.keys.events(region): cursor for region, cursor in cursors.items()}
         regions = {self.keys.events(region): region for region in cursors}
         out = []
+        advanced = dict(cursors)
         for entry in self._redis.call(lambda r: streams.read(r, keyed, block_ms=block_ms)):
+            advanced[regions[entry.stream]] = entry.id
             try:
                 out.append((regions[entry.stream], entry.id, VersionEvent.from_fields(entry.fields)))
-            except MessageError:
-                continue
-        return out
+            except MessageError as exc:
+                self.reject("event", exc, entry.id)
+        return out, advanced
 
     def latest_event_id(self, region: str) -> str:
         """Id of the newest event of ``region`` (``"0"`` when none): read from here to see only new ones."""

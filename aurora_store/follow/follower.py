@@ -5,7 +5,10 @@ through :func:`~aurora_store.store.transfer.fetch_segments` on the process's tra
 a relay's cache come in as :class:`~aurora_store.store.transfer.HeldSegments` and
 :class:`~aurora_store.follow.sources.SegmentSource`), decodes ahead when it has a prefetcher, stages without
 writing, and activates in place only when the caller says so (a batch boundary) and only on the staged base.
-Every manifest passes the verifier before anything it names is fetched.
+Every manifest passes the verifier before anything it names is fetched — and before it enters a catch-up
+plan: a listing names what a bucket holds, not what the trainer signed, so an unsigned, mis-signed or
+foreign-run manifest in a (relay-fed, untrusted) regional bucket is never a plan's step or goal. A region
+whose bucket offers no path to its newest signed version plans, and stages, from the source bucket.
 
 The actor, the vLLM backend's pull mode, ``aurora patch`` and the WAN benchmark's agent all go through here.
 """
@@ -28,7 +31,7 @@ from aurora_store.codec.params import CodecParams
 from aurora_store.codec.target import WeightTarget
 from aurora_store.errors import AuroraError, BaseVersionMismatchError, DigestMismatchError, VersionNotFoundError
 from aurora_store.follow.ahead import DecodeAhead
-from aurora_store.follow.chain import BucketChain
+from aurora_store.follow.chain import BAD_COPY_ERRORS, BucketChain
 from aurora_store.follow.plan import CatchUpPlan, plan_catch_up
 from aurora_store.follow.prefetch import Prefetcher
 from aurora_store.follow.sources import OnRead, SegmentReader, SourcesFor
@@ -49,10 +52,12 @@ OnEvent = Callable[[str, dict[str, Any]], None]
 
 @dataclass(frozen=True)
 class Step:
-    """One thing to stage: delta ``version`` (on ``version - 1``), or the full snapshot ``version``."""
+    """One thing to stage: delta ``version`` (on ``version - 1``), or the full snapshot ``version``; from the
+    source bucket when the current one offered no path to it."""
 
     version: int
     snapshot: bool = False
+    from_source: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,7 +110,9 @@ class Follower:
         self._target: WeightTarget | None = None
         self.ahead: DecodeAhead | None = None
         self.decoded_ahead = 0  # segments the last staging found decoded already
-        self._sizes: dict[tuple[str, str, int], int] = {}  # (bucket, kind, version) → download bytes
+        # (bucket, kind, version) → download bytes of a verified manifest; None: refused (never planned on)
+        self._sizes: dict[tuple[str, str, int], int | None] = {}
+        self.refused_manifests = 0  # manifests kept out of plans (unsigned, mis-signed, foreign run, corrupt)
         self._planned: tuple[int, int] | None = None  # (active version, goal) of the last catch-up decision
         self._blocked: int | None = None  # active version at which no catch-up path was found (said once)
 
@@ -124,8 +131,8 @@ class Follower:
     def bootstrap(self, store: DeltaStore, goal: int, download_dir: Path) -> Bootstrap:
         """Plan from nothing to ``goal`` (a snapshot, then deltas) and download that snapshot's files into
         ``download_dir`` for an engine to load; its signed manifest is verified first."""
-        snapshots = {s: self._size(store, "snapshot", s) for s in store.snapshot_versions() if s <= goal}
-        plan = plan_catch_up(None, goal, {v: self._size(store, "delta", v) for v in store.versions() if v <= goal},
+        snapshots = self._sizes_of(store, "snapshot", [s for s in store.snapshot_versions() if s <= goal])
+        plan = plan_catch_up(None, goal, self._sizes_of(store, "delta", [v for v in store.versions() if v <= goal]),
                              snapshots)
         assert plan.snapshot is not None  # from nothing, every plan starts at a snapshot
         snapshot = read_snapshot_manifest(store, plan.snapshot)
@@ -153,6 +160,8 @@ class Follower:
                 staged = self._stage_delta(boot.store, version)
                 self._write(staged)
                 codec = staged.manifest.codec
+        if self.prefetcher is not None and target.version is not None:
+            self.prefetcher.retire(target.version)  # its window of versions starts after the active one
         if self.prefetcher is not None and self.ahead is None:  # decode-ahead needs the run's verified codec
             store = boot.store if boot is not None else self.chain.store()
             self.ahead = DecodeAhead(target, self.prefetcher, self.prefetcher.metrics,
@@ -190,7 +199,7 @@ class Follower:
         if cause == "next":
             return Step(want)
         try:
-            plan = self.plan(cause)
+            plan, from_source = self._plan(cause)
         except VersionNotFoundError as exc:
             # Neither the chain nor a snapshot reaches the bucket's newest version from here (yet): wait.
             current = self.target.version
@@ -200,28 +209,44 @@ class Follower:
                 self._event("catch_up_blocked", version=current, cause=cause, error=str(exc)[:200])
             return None
         if plan is not None and plan.kind == "snapshot" and plan.snapshot is not None:
-            return Step(plan.snapshot, snapshot=True)
+            return Step(plan.snapshot, snapshot=True, from_source=from_source)
         if plan is None and cause == "missing":
             return None  # not in this bucket yet (relay still copying)
-        return Step(want)
+        return Step(want, from_source=from_source)
 
     def plan(self, cause: str) -> CatchUpPlan | None:
-        """Replay or snapshot, by bytes, from the active version to the newest version the current bucket
-        holds. ``None`` when there is nothing to decide (not behind, or the next version is not there yet, or
-        decided already). Raises :class:`VersionNotFoundError` when no snapshot or delta chain reaches it."""
+        """Replay or snapshot, by bytes, from the active version to the newest verified version the current
+        bucket holds (or, when it offers no path there, the source bucket). ``None`` when there is nothing to
+        decide (not behind, or the next version is not there yet, or decided already). Raises
+        :class:`VersionNotFoundError` when no snapshot or delta chain reaches it."""
+        return self._plan(cause)[0]
+
+    def _plan(self, cause: str) -> tuple[CatchUpPlan | None, bool]:
+        """:meth:`plan`, and whether it is a plan in the source bucket."""
         store = self.chain.store()
+        try:
+            return self._plan_in(store, cause), False
+        except VersionNotFoundError as exc:
+            source = self.chain.source
+            if source is None or source is store:
+                raise
+            log.warning("no catch-up path in %s; planning from the source bucket", store.url,
+                        extra={"error": str(exc)[:300]})
+            return self._plan_in(source, cause), True
+
+    def _plan_in(self, store: DeltaStore, cause: str) -> CatchUpPlan | None:
         current = self.target.version
         if current is None:
             raise VersionNotFoundError("the target declares no version: nothing to plan from")
-        deltas = store.versions(after=current)
-        snapshots = [s for s in store.snapshot_versions() if s > current]
-        goal = max(deltas[-1:] + snapshots[-1:], default=None)
+        deltas = self._sizes_of(store, "delta", store.versions(after=current))
+        snapshots = self._sizes_of(store, "snapshot", [s for s in store.snapshot_versions() if s > current])
+        goal = max(list(deltas)[-1:] + list(snapshots)[-1:], default=None)
         if goal is None or goal <= current + (1 if cause == "behind" else 0):
             return None
         if self._planned == (current, goal) and cause == "behind":
             return None  # decided already; the caller is carrying it out
-        plan = plan_catch_up(current, goal, {v: self._size(store, "delta", v) for v in deltas if v <= goal},
-                             {s: self._size(store, "snapshot", s) for s in snapshots if s <= goal})
+        plan = plan_catch_up(current, goal, {v: n for v, n in deltas.items() if v <= goal},
+                             {s: n for s, n in snapshots.items() if s <= goal})
         self._planned = (current, goal)
         if self.metrics is not None:
             self.metrics.catch_up.labels(plan.kind, cause).inc()
@@ -232,12 +257,31 @@ class Follower:
                         "replay_bytes": plan.replay_bytes})
         return plan
 
-    def _size(self, store: DeltaStore, kind: str, version: int) -> int:
-        """Download bytes of a delta or snapshot (manifests are immutable: read once)."""
+    def _sizes_of(self, store: DeltaStore, kind: str, versions: Sequence[int]) -> dict[int, int]:
+        """Download bytes of each of ``versions`` whose manifest passes the verifier, in ascending order."""
+        sizes = {v: self._size(store, kind, v) for v in sorted(versions)}
+        return {v: n for v, n in sizes.items() if n is not None}
+
+    def _size(self, store: DeltaStore, kind: str, version: int) -> int | None:
+        """Download bytes of a delta or snapshot, or ``None`` when its manifest does not pass the verifier
+        (manifests are immutable: read and verified once)."""
         key = (store.url, kind, version)
         if key not in self._sizes:
-            self._sizes[key] = (store.delta_bytes(version) if kind == "delta"
-                                else read_snapshot_manifest(store, version).total_bytes)
+            manifest: DeltaManifest | SnapshotManifest
+            try:
+                manifest = store.manifest(version) if kind == "delta" else read_snapshot_manifest(store, version)
+                if self.verify is not None:
+                    self.verify(manifest)
+            except VersionNotFoundError:
+                raise  # listed, then gone (a gc): not a verdict on the manifest
+            except BAD_COPY_ERRORS as exc:
+                self.refused_manifests += 1
+                log.warning("%s manifest of version %d in %s refused; not planned on", kind, version, store.url,
+                            extra={"error": str(exc)[:300], "kind": type(exc).__name__})
+                self._sizes[key] = None
+                return None
+            self._sizes[key] = (manifest.segment_bytes + len(manifest.to_bytes())
+                                if isinstance(manifest, DeltaManifest) else manifest.total_bytes)
         return self._sizes[key]
 
     # --- staging and activation ---------------------------------------------------------------------
@@ -247,6 +291,8 @@ class Follower:
         bucket. ``full_sync``: stage the delta's version from its full snapshot instead (the full-broadcast
         baseline)."""
         snapshot = step.snapshot or full_sync
+        if step.from_source and self.chain.source is not None:
+            return self._stage_from(self.chain.source, step.version, snapshot)
         return self.chain.read(step.version, lambda store: self._stage_from(store, step.version, snapshot))
 
     def _stage_from(self, store: DeltaStore, version: int, snapshot: bool) -> Staged:
@@ -299,10 +345,10 @@ class Follower:
         bucket; a bad copy there is re-read from the source)."""
         source = store or self.chain.store()
         current = self.target.version
-        sizes = {s: self._size(source, "snapshot", s) for s in source.snapshot_versions() if s <= goal} \
+        sizes = self._sizes_of(source, "snapshot", [s for s in source.snapshot_versions() if s <= goal]) \
             if snapshots else {}
-        plan = plan_catch_up(current, goal, {v: self._size(source, "delta", v) for v in source.versions()
-                                             if v <= goal and (current is None or v > current)}, sizes)
+        plan = plan_catch_up(current, goal, self._sizes_of(source, "delta", [
+            v for v in source.versions() if v <= goal and (current is None or v > current)]), sizes)
         steps = ([Step(plan.snapshot, snapshot=True)] if plan.snapshot is not None else [])
         steps += [Step(v) for v in plan.deltas]
         stage_s = activate_s = 0.0

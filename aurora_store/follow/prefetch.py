@@ -6,12 +6,18 @@ Bounded: at most ``budget_bytes`` are held or in flight; a segment over the budg
 SHA-256 name by the reader, and only the signed manifest decides what is used — held segments it does not
 name are dropped (and counted), as is everything for versions the actor has moved past. An actor that
 missed every announcement still stages from the bucket: prefetching only saves time.
+
+Announcements are unsigned (anyone on the bus can send one), so none may hold the budget for long: a
+segment is offered only for the next ``window`` versions, and whatever a version holds or fetches is
+released once it has been held ``hold_s`` without its manifest being staged — a version that never comes
+pins nothing, and cut-through goes on for the versions that do.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
@@ -27,15 +33,28 @@ Read = Callable[[SegmentRef], bytes]
 #: Called with each verified prefetched segment before it is held (decode-ahead: :mod:`aurora_store.follow.ahead`).
 Arrived = Callable[[int, SegmentRef, bytes], None]
 
+#: Versions ahead of the active one that segments are prefetched for: the trainer announces the version it
+#: is publishing, the next one; a few more ride out an actor that is a little behind.
+WINDOW = 4
+#: Seconds a version's prefetched segments are kept waiting for its manifest to be staged.
+HOLD_S = 300.0
+
 
 class Prefetcher:
     """Background fetches of announced segments within a byte budget, on ``streams`` lanes of the process's
     transfer pool (so their connections are the ones staging uses next); a
     :class:`~aurora_store.store.transfer.HeldSegments` for :func:`~aurora_store.store.transfer.fetch_segments`."""
 
-    def __init__(self, streams: int, budget_bytes: int, metrics: Metrics) -> None:
+    def __init__(self, streams: int, budget_bytes: int, metrics: Metrics, *, window: int = WINDOW,
+                 hold_s: float = HOLD_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.budget_bytes = budget_bytes
         self.metrics = metrics
+        self.window = window
+        self.hold_s = hold_s
+        self._clock = clock
+        self._first_offer: dict[int, float] = {}  # version → when its first segment was offered
+        self.refused = 0  # offers refused as out of the window or malformed
+        self.expired_bytes = 0  # held bytes released for a version whose manifest never came
         self._pool = shared_pool().lanes(streams)
         self._lock = threading.Lock()
         self._held: dict[str, tuple[int, bytes]] = {}  # digest → (version announced with, bytes)
@@ -52,10 +71,16 @@ class Prefetcher:
 
     def offer(self, version: int, ref: SegmentRef, read: Read) -> bool:
         """A segment of ``version`` was announced: fetch it in the background unless it is known, of a version
-        not newer than the active one, or over the budget. Returns whether a fetch started."""
+        not newer than the active one, too far ahead of it, or over the budget. Returns whether a fetch
+        started."""
         with self._lock:
+            self._expire()
             if self._closed or version <= self._floor or ref.digest in self._held or ref.digest in self._inflight:
                 return False
+            if ref.size < 1 or (self._floor >= 0 and version > self._floor + self.window):
+                self.refused += 1
+                return False
+            self._first_offer.setdefault(version, self._clock())
             if self._reserved + ref.size > self.budget_bytes:
                 self.over_budget += 1
                 return False
@@ -93,7 +118,7 @@ class Prefetcher:
             if data is not None:
                 self.prefetched_bytes += len(data)
                 self.metrics.prefetched_bytes.inc(len(data))
-            if data is not None and version > self._floor:
+            if data is not None and version > self._floor and version in self._first_offer:  # not expired meanwhile
                 self._held[ref.digest] = (version, data)
             else:
                 self._reserved -= ref.size
@@ -170,10 +195,35 @@ class Prefetcher:
                 held[digest] = taken
         return held, pending
 
+    def _expire(self) -> None:
+        """Release what versions offered more than ``hold_s`` ago still hold (under the lock)."""
+        now = self._clock()
+        stale = {v for v, first in self._first_offer.items() if now - first > self.hold_s}
+        if not stale:
+            return
+        for version in stale:
+            del self._first_offer[version]
+        old = [d for d, (v, _) in self._held.items() if v in stale]
+        for digest in old:
+            _, data = self._held.pop(digest)
+            self._reserved -= len(data)
+            self.expired_bytes += len(data)
+            self._drop_counted(len(data))
+        if old:
+            log.info("released %d prefetched segment(s) of version(s) whose manifest never came", len(old),
+                     extra={"versions": sorted(stale)[:8]})
+
+    def expire(self) -> None:
+        """Release what has waited longer than ``hold_s`` (also done on every offer)."""
+        with self._lock:
+            self._expire()
+
     def retire(self, active_version: int) -> None:
         """The actor is on ``active_version``: nothing of it or older is wanted."""
         with self._lock:
             self._floor = max(self._floor, active_version)
+            for version in [v for v in self._first_offer if v <= self._floor]:
+                del self._first_offer[version]
             old = [d for d, (v, _) in self._held.items() if v <= self._floor]
             for digest in old:
                 _, data = self._held.pop(digest)

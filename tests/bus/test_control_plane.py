@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from aurora_store.bus import ActorState, ControlPlane, Lease, RolloutResult, VersionEvent, connect
 from aurora_store.bus.identity import Credentials
+from aurora_store.bus.messages import MAX_MILLIS, MAX_SEGMENT_BYTES, MAX_VERSION
 from aurora_store.errors import BusAuthError, BusError
 from aurora_store.testing.members import Member
 from aurora_store.testing.servers import RedisServer, free_port
@@ -25,13 +26,23 @@ def actor_state(actor_id="a1", version=3, **kw) -> ActorState:
     return ActorState(**{**base, **kw})
 
 
-@given(st.builds(VersionEvent, kind=st.sampled_from(VersionEvent.KINDS), version=st.integers(0, 10**9),
-                 region=st.text("abcxyz-", min_size=1, max_size=8),
-                 base=st.one_of(st.none(), st.integers(0, 10**9)),
-                 manifest_key=st.one_of(st.none(), st.text("abc/0.json", min_size=1)),
-                 weights_digest=st.one_of(st.none(), st.just("lthash128:" + "a" * 32)),
-                 segment=st.one_of(st.none(), st.just("f" * 64)), size=st.one_of(st.none(), st.integers(0, 2**40)),
-                 sent_ms=st.one_of(st.none(), st.integers(0, 2**45))))
+def version_events(kinds: tuple[str, ...], segment: st.SearchStrategy, size: st.SearchStrategy):
+    return st.builds(VersionEvent, kind=st.sampled_from(kinds), version=st.integers(0, MAX_VERSION),
+                     region=st.from_regex(r"[a-z][a-z0-9-]{0,7}", fullmatch=True),
+                     base=st.one_of(st.none(), st.integers(0, MAX_VERSION)),
+                     manifest_key=st.one_of(st.none(), st.from_regex(r"[a-z0-9]{1,8}(/[a-z0-9_.-]{1,8}){0,2}\.json",
+                                                                     fullmatch=True)),
+                     weights_digest=st.one_of(st.none(), st.just("lthash128:" + "a" * 32)),
+                     segment=segment, size=size, sent_ms=st.one_of(st.none(), st.integers(0, MAX_MILLIS)))
+
+
+SEGMENT_NAMES = st.from_regex(r"[0-9a-f]{64}", fullmatch=True)
+SIZES = st.integers(1, MAX_SEGMENT_BYTES)
+
+
+@given(st.one_of(version_events(("segment",), SEGMENT_NAMES, SIZES),
+                 version_events(("staged", "commit", "snapshot"), st.one_of(st.none(), SEGMENT_NAMES),
+                                st.one_of(st.none(), SIZES))))
 def test_version_events_roundtrip_through_fields(event):
     assert VersionEvent.from_fields(event.to_fields()) == event
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import hashlib
 import http.client
 import os
-import socket
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -86,25 +87,31 @@ def test_no_bytes_without_the_runs_token(served, token):
     assert metrics.cache_served_bytes._value.get() == 0
 
 
-def test_connections_over_the_bound_get_503_and_a_freed_slot_serves_again(served):
-    server, _, segments, metrics = served
-    digest = next(iter(segments))
-    # Two clients that connect and stall mid-request hold both slots (until the handler's timeout).
-    stalled = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]
-    for sock in stalled:
-        sock.sendall(b"GET /segments/")
-    time.sleep(0.3)
+def test_authorised_requests_over_the_bound_get_503_and_a_freed_slot_serves_again(tmp_path):
+    metrics = Metrics("relay", "t", "eu-west")
+    digest, data = segment(1)
+    gate = threading.Event()
+    entered = threading.Semaphore(0)
+
+    def slow_lookup(name: str) -> bytes | None:  # each request holds its slot until the gate opens
+        entered.release()
+        gate.wait(10)
+        return data if name == digest else None
+
+    server = CacheServer(("127.0.0.1", 0), slow_lookup, TOKEN, metrics, max_connections=2).start()
     try:
-        status, headers, _ = request(server, "GET", f"/segments/{digest}")
-        assert status == 503 and headers.get("Retry-After") == "1"
-        assert metrics.cache_refused.labels("busy")._value.get() >= 1
+        with ThreadPoolExecutor(2) as pool:
+            held = [pool.submit(request, server, "GET", f"/segments/{digest}") for _ in range(2)]
+            assert all(entered.acquire(timeout=5) for _ in range(2)), "the two requests were not being served"
+            status, headers, _ = request(server, "GET", f"/segments/{digest}")
+            assert status == 503 and headers.get("Retry-After") == "1"
+            assert metrics.cache_refused.labels("busy")._value.get() == 1
+            gate.set()
+            assert [f.result(timeout=10)[0] for f in held] == [200, 200]
+        assert request(server, "GET", f"/segments/{digest}")[0] == 200  # the freed slots serve again
     finally:
-        for sock in stalled:
-            sock.close()
-    deadline = time.monotonic() + 5
-    while (status := request(server, "GET", f"/segments/{digest}")[0]) == 503 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert status == 200
+        gate.set()
+        server.stop()
 
 
 def test_no_token_no_server():

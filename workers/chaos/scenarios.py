@@ -32,6 +32,7 @@ from workers.chaos.harness import (
     wait_version,
 )
 from workers.chaos.hostile import HostileActor
+from workers.chaos.notifier import HostileNotifier
 from workers.cluster import LocalCluster
 
 Scenario = Callable[[Path, bool], ScenarioResult]
@@ -584,6 +585,37 @@ def hostile_actor(run_dir: Path, quick: bool) -> ScenarioResult:
     return result
 
 
+def hostile_notifier(run_dir: Path, quick: bool) -> ScenarioResult:
+    """A relay's Redis credentials in hostile hands (:class:`~workers.chaos.notifier.HostileNotifier`) flood the
+    home and the remote region's event streams with malformed events, commits and staged events for versions
+    no bucket holds, segment names that do not exist and real segments re-announced for versions that never
+    come. The run completes, the relay forwards every real version and no other, and every honest actor —
+    home and remote — stays on the trainer's digest."""
+    steps = 8 if quick else 14
+    result = ScenarioResult("hostile_notifier", ["forged version events on every region's stream"])
+    spec = fast_spec(run_dir, steps=steps, actors={"us-east": 1, "eu-west": 1})
+    with LocalCluster(spec) as cluster:
+        wait_actor_ready(cluster, "eu-west-1")
+        notifier = HostileNotifier(cluster.redis.url_for("relay"), spec.run, ["us-east", "eu-west"], cluster.store())
+        notifier.start()
+        try:
+            summary = cluster.wait_trainer_done(400)
+        finally:
+            notifier.leave()
+        regional, source = cluster.store("eu-west"), cluster.store()
+        complete = cluster.wait_for(lambda: regional.versions() == source.versions(), 60,
+                                    "the regional bucket complete", required=False)
+        log = cluster.plane.run_log()
+        result.figures = {"sent": dict(notifier.sent), "source_versions": source.versions(),
+                          "regional_versions": regional.versions(),
+                          "regional_snapshots": regional.snapshot_versions()}
+        result.invariants["hostile_notifier_ran"] = notifier.error is None and notifier.sent["commit_far_ahead"] > 0
+        result.invariants["relay_forwarded_every_real_version_and_no_other"] = bool(complete) and \
+            set(regional.versions()) == set(source.versions())
+        finish(result, cluster, summary, log, expected_steps=steps)
+    return result
+
+
 SCENARIOS: dict[str, Scenario] = {
     "kill_actor_mid_batch": kill_actor_mid_batch,
     "sigterm_graceful_leave": sigterm_actor,
@@ -596,4 +628,5 @@ SCENARIOS: dict[str, Scenario] = {
     "trainer_restarts": trainer_restarts,
     "heterogeneous_actors": heterogeneous_actors,
     "hostile_actor": hostile_actor,
+    "hostile_notifier": hostile_notifier,
 }

@@ -23,10 +23,12 @@ class RelayConfig:
     stall_s: float = 120.0  # no progress for this long: stop heartbeating so the region's actors fall back
     serve_cache: bool = True  # serve the hot cache to the region's actors (needs cache_token)
     cache_token: str | None = None  # the run's bearer secret for the cache endpoint
-    cache_bind: str = "0.0.0.0"
+    cache_bind: str | None = None  # None: this machine's private address (serve.private_address)
     cache_port: int = 8470
     cache_host: str | None = None  # the host name actors are told; None: this machine's name
     cache_connections: int = 16  # requests served at once; more get 503 (and read the regional bucket)
+    cache_header_deadline_s: float = 5.0  # a connection's whole request line and headers, or it is closed
+    cache_per_client: int = 8  # connections one address may hold before it has sent its headers
     store_and_forward: bool = False  # ignore segment events: copy a version only once its manifest exists
 
 
@@ -37,6 +39,16 @@ def _positive_seconds(text: str) -> float:
         value = 0.0
     if not value > 0:  # also refuses nan
         raise argparse.ArgumentTypeError(f"needs a positive number of seconds, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"needs a positive whole number, got {text!r}")
     return value
 
 
@@ -69,12 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the run's bearer secret for the cache endpoint, shared with the region's actors "
                              "(default AURORA_CACHE_TOKEN, preferred: command lines are visible to other users); "
                              "without one the cache is not served")
-    parser.add_argument("--cache-bind", default="0.0.0.0", help="address the cache endpoint listens on")
+    parser.add_argument("--cache-bind", help="address the cache endpoint listens on (default: this machine's "
+                                             "private address, else loopback; 0.0.0.0 only when asked for)")
     parser.add_argument("--cache-port", type=int, default=8470, help="port of the cache endpoint (0: any free one)")
     parser.add_argument("--cache-host", help="host name the region's actors reach the endpoint at (default: this "
                                              "machine's name)")
     parser.add_argument("--cache-connections", type=int, default=16,
                         help="requests served at once; more are answered 503 (the reader uses its bucket)")
+    parser.add_argument("--cache-header-deadline-s", type=_positive_seconds, default=5.0,
+                        help="seconds a connection has to send its whole request line and headers (default 5)")
+    parser.add_argument("--cache-per-client", type=_positive_int, default=8,
+                        help="connections one client address may hold before sending its headers (default 8)")
     parser.add_argument("--store-and-forward", action="store_true",
                         help="copy a version only once its manifest is announced, not segment by segment as the "
                              "trainer uploads them (the baseline that benchmarks compare cut-through against)")
@@ -89,4 +106,5 @@ def parse_args(argv: list[str] | None = None) -> RelayConfig:
                        stall_s=args.stall_s, serve_cache=args.serve_cache, cache_token=args.cache_token,
                        cache_bind=args.cache_bind, cache_port=args.cache_port, cache_host=args.cache_host,
                        cache_connections=args.cache_connections,
+                       cache_header_deadline_s=args.cache_header_deadline_s, cache_per_client=args.cache_per_client,
                        store_and_forward=args.store_and_forward)

@@ -10,15 +10,17 @@ restarted relay re-reads both buckets and copies only what the regional bucket l
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from concurrent.futures import Future, wait
 from pathlib import Path
 
 from aurora_store import logs
 from aurora_store.bus import ControlPlane, RelayState, VersionEvent
+from aurora_store.bus.messages import is_sha256
 from aurora_store.codec.manifest import DeltaManifest, SegmentRef
 from aurora_store.config import TransferSettings, heartbeat_ttl_s
 from aurora_store.errors import AuroraError, ObjectNotFoundError, VersionExistsError
@@ -29,9 +31,18 @@ from aurora_store.store.snapshots import read_snapshot_manifest
 from aurora_store.trust import Verifier
 from workers import lifecycle
 from workers.relay.cli import RelayConfig, parse_args
-from workers.relay.serve import CacheServer, advertised_url
+from workers.relay.serve import CacheServer, advertised_url, private_address
 
 log = logging.getLogger("aurora.relay")
+
+#: Segment events are acted on only for versions at most this far ahead of the newest one in the region: the
+#: trainer announces the version it is publishing, a version or two ahead at most. Anything further is a
+#: forgery or a relay so far behind that copying at ``staged`` (which reads the signed manifest) costs nothing.
+SEGMENT_WINDOW = 8
+#: Copies in flight or queued, at most, started by segment events (their names are not signed: a flood of
+#: forged names would otherwise queue without end in front of real copies). Manifest copies are not bounded
+#: here: a signed manifest bounds them.
+MAX_EVENT_COPIES = 512
 
 
 class SegmentCache:
@@ -56,6 +67,13 @@ class SegmentCache:
             self._count(hit=data is not None)
         return data
 
+    def _file(self, digest: str) -> Path | None:
+        """The disk tier's file of ``digest`` — only for a well-formed SHA-256 name, so that no name (they come
+        from messages anyone on the bus can write) can reach a file outside the cache directory."""
+        if self.disk is None or not is_sha256(digest):
+            return None
+        return self.disk / digest
+
     def peek(self, digest: str) -> bytes | None:
         """The cached bytes, not counted (the relay's own copy path)."""
         with self._lock:
@@ -63,9 +81,10 @@ class SegmentCache:
             if data is not None:
                 self._items.move_to_end(digest)
                 return data
-        if self.disk is not None:
+        path = self._file(digest)
+        if path is not None:
             try:
-                return (self.disk / digest).read_bytes()
+                return path.read_bytes()
             except FileNotFoundError:  # never spilled, or discarded meanwhile
                 return None
         return None
@@ -74,7 +93,8 @@ class SegmentCache:
         with self._lock:
             if digest in self._items:
                 return True
-        return self.disk is not None and (self.disk / digest).is_file()
+        path = self._file(digest)
+        return path is not None and path.is_file()
 
     def discard(self, digests: set[str]) -> None:
         """Forget segments no reader needs any more (versions older than the current one's base)."""
@@ -83,9 +103,10 @@ class SegmentCache:
                 blob = self._items.pop(digest, None)
                 if blob is not None:
                     self._size -= len(blob)
-        if self.disk is not None:
-            for digest in digests:
-                (self.disk / digest).unlink(missing_ok=True)
+        for digest in digests:
+            path = self._file(digest)
+            if path is not None:
+                path.unlink(missing_ok=True)
 
     def _count(self, hit: bool) -> None:
         if hit:
@@ -97,6 +118,8 @@ class SegmentCache:
             self.metrics.update_cache(self.hits, self.misses)
 
     def put(self, digest: str, data: bytes) -> None:
+        if not is_sha256(digest):
+            raise ValueError(f"not a segment name: {digest[:80]!r}")
         with self._lock:
             if digest in self._items or len(data) > self.memory_bytes:
                 return
@@ -105,10 +128,11 @@ class SegmentCache:
             while self._size > self.memory_bytes:
                 old, blob = self._items.popitem(last=False)
                 self._size -= len(blob)
-                if self.disk is not None:
-                    tmp = self.disk / f".{old}.tmp"
+                path = self._file(old)
+                if path is not None:
+                    tmp = path.with_name(f".{old}.tmp")
                     tmp.write_bytes(blob)
-                    tmp.replace(self.disk / old)
+                    tmp.replace(path)
 
 
 class Relay:
@@ -144,13 +168,17 @@ class Relay:
         self.server: CacheServer | None = None
         self.cache_url: str | None = None
         if config.serve_cache and config.cache_token:
-            self.server = CacheServer((config.cache_bind, config.cache_port), self.cache.get, config.cache_token,
-                                      self.metrics, max_connections=config.cache_connections)
-            self.cache_url = advertised_url(config.cache_host, self.server.port)
+            bind = config.cache_bind if config.cache_bind is not None else private_address()
+            self.server = CacheServer((bind, config.cache_port), self.cache.get, config.cache_token,
+                                      self.metrics, max_connections=config.cache_connections,
+                                      header_deadline_s=config.cache_header_deadline_s,
+                                      per_client=config.cache_per_client)
+            self.cache_url = advertised_url(config.cache_host, self.server.port, bind)
         elif config.serve_cache:
             log.warning("no cache token (--cache-token / AURORA_CACHE_TOKEN): not serving the hot cache")
         self.announced: set[str] = set()  # segments announced to the region as servable
         self.segments_by_version: dict[int, set[str]] = {}
+        self.dropped: Counter[str] = Counter()  # events not acted on, by reason (also a Prometheus counter)
 
     # --- copying ---------------------------------------------------------------------------------
 
@@ -191,10 +219,41 @@ class Relay:
     def copy_segment(self, ref: SegmentRef, version: int | None = None) -> Future:
         with self._lock:
             future = self.inflight.get(ref.digest)
-            if future is None or (future.done() and future.exception() is not None):
+            started = future is None or (future.done() and future.exception() is not None)
+            if started:
                 future = self.pool.submit(self._copy_segment, ref, version)
                 self.inflight[ref.digest] = future
+        assert future is not None
+        if started:
+            # Outside the lock: a copy already over runs its callback here and now, and the callback takes it.
+            future.add_done_callback(functools.partial(self._settled, ref.digest))
         return future
+
+    def _settled(self, digest: str, future: Future) -> None:
+        """A copy is over: forget it (a copied segment is in ``present``; a failed one may be asked again), so
+        the map holds only what is in flight — never every name a message ever mentioned."""
+        with self._lock:
+            if self.inflight.get(digest) is future:
+                del self.inflight[digest]
+
+    def _drop(self, reason: str, event: VersionEvent) -> None:
+        self.dropped[reason] += 1
+        self.metrics.events_dropped.labels(reason).inc()
+        if self.dropped[reason] & (self.dropped[reason] - 1) == 0:  # 1st, 2nd, 4th, …: a flood logs little
+            log.warning("not acting on a %s event", event.kind,
+                        extra={"reason": reason, "version": event.version, "count": self.dropped[reason]})
+
+    def _in_source(self, kind: str, version: int) -> bool:
+        """Whether the source bucket (the trainer's: the truth) holds ``version``'s manifest — an event's
+        version is acted on only then. One HEAD, and none for versions known already."""
+        if (kind == "delta" and version in self.forwarded) or (kind == "snapshot" and version in self.snapshots):
+            return True
+        key = object_names.delta(version) if kind == "delta" else object_names.snapshot_manifest(version)
+        return self.source.bucket.exists(key)
+
+    def _newest_here(self) -> int:
+        """The newest version the region holds (delta or snapshot); -1 before any."""
+        return max(self.version if self.version is not None else -1, max(self.snapshots, default=-1))
 
     def _evict_before(self, version: int) -> None:
         """Keep the current and the next version hot: readers of older ones read the regional bucket."""
@@ -282,6 +341,8 @@ class Relay:
         if not self._listed:  # once: what the region already holds (a restarted relay copies none of it)
             self.present |= set(self.dest.segment_digests())
             self.forwarded |= set(self.dest.versions())
+            if self.forwarded:
+                self.version = max(self.version or 0, max(self.forwarded))
             self._listed = True
         self.snapshots |= set(self.dest.snapshot_versions())
         source_snapshots = self.source.snapshot_versions()
@@ -299,7 +360,7 @@ class Relay:
             self.forward_snapshot(newest_snapshot)
         trainer = self.plane.trainer_state()
         if trainer is not None:
-            self.committed = max(self.committed, trainer.committed)
+            self._commit(trainer.committed)  # a state in Redis is a message like any other
         self._send_commits()
 
     def heartbeat(self) -> None:
@@ -352,9 +413,15 @@ class Relay:
         lifecycle.enter("serving")
         while not self.stopping.is_set():
             try:
-                for _, entry_id, event in self.plane.read_events({home: cursor}, block_ms=300):
-                    cursor = entry_id
-                    self._handle(event)
+                events, cursors = self.plane.read_event_batch({home: cursor}, block_ms=300)
+                cursor = cursors[home]  # past malformed entries too: each is dropped once
+                for _, _, event in events:
+                    try:
+                        self._handle(event)
+                    except AuroraError as exc:  # this event only: the batch's others still count
+                        log.error("handling a %s event failed; the next resync covers it", event.kind,
+                                  extra={"error": str(exc)[:300], "kind": type(exc).__name__,
+                                         "version": event.version})
                 now = time.monotonic()
                 if now - last_sync >= 2.0:  # recover whatever notifications were lost
                     self.sync()
@@ -377,16 +444,50 @@ class Relay:
         return 0
 
     def _handle(self, event: VersionEvent) -> None:
-        if (event.kind == "segment" and event.segment and event.size is not None
-                and not self.config.store_and_forward):
+        """Act on one event — only as far as the source bucket bears it out: Redis notifies, the bucket
+        decides. An event that is not borne out is dropped and counted, never slept on, and leaves no state
+        behind beyond the bounds above."""
+        if event.kind == "segment":
+            if self.config.store_and_forward or event.segment is None or event.size is None:
+                return
+            if not self._newest_here() < event.version <= self._newest_here() + SEGMENT_WINDOW:
+                self._drop("segment_out_of_window", event)
+                return
+            with self._lock:
+                pending = len(self.inflight)
+            if pending >= MAX_EVENT_COPIES:
+                self._drop("segment_copies_full", event)
+                return
             self.copy_segment(SegmentRef(event.segment, event.size, ()), event.version)
         elif event.kind == "staged":
+            if event.version in self.forwarded:
+                return
+            if not self._in_source("delta", event.version):
+                self._drop("staged_not_in_source", event)
+                return
             self.forward_version(event.version)
         elif event.kind == "commit":
-            self.committed = max(self.committed, event.version)
-            self._send_commits()
+            self._commit(event.version, event)
         elif event.kind == "snapshot":
+            if not self._in_source("snapshot", event.version):
+                self._drop("snapshot_not_in_source", event)
+                return
             self.forward_snapshot(event.version)
+
+    def _commit(self, version: int, event: VersionEvent | None = None) -> None:
+        """Commit(``version``) counts only for a version the source bucket holds: one forged commit with a huge
+        version would otherwise stand above every real one, and the relay would never forward another."""
+        if version <= self.committed:
+            return
+        if not (self._in_source("delta", version) or self._in_source("snapshot", version)):
+            if event is not None:
+                self._drop("commit_not_in_source", event)
+            else:
+                self.dropped["commit_not_in_source"] += 1
+                self.metrics.events_dropped.labels("commit_not_in_source").inc()
+            return
+        self.committed = version
+        self._send_commits()
 
 
 def main(argv: list[str] | None = None) -> int:
