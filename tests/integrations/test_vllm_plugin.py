@@ -39,3 +39,25 @@ def test_plugin_entry_point_registers_the_backend(tmp_path):
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "workers.vllm.backend.AuroraWeightTransferEngine"
+
+
+SCAN_PROBE = """
+import numpy as np
+from aurora_store.codec import kernels
+from aurora_store.codec.digest import hash_range
+hash_range("t", 0, np.arange(1000, dtype=np.int16))  # numba compiled and called: llvmlite is loaded
+from vllm.triton_utils.dispatcher import _rebind_kernels
+from workers.vllm.backend import register
+register()
+_rebind_kernels([])  # the walk over every module that vLLM's CPU platform does at each worker's start
+print("scanned")
+"""
+
+
+def test_vllms_kernel_scan_survives_a_process_that_uses_the_codec_kernels():
+    """The plugin hook (which vLLM runs right before that walk) makes the walk survive llvmlite's library
+    object; without it (vLLM 0.32 CPU) the walk raises AttributeError, which stopped every vLLM engine started in
+    a process that had used the codec's host kernels."""
+    out = subprocess.run([sys.executable, "-c", SCAN_PROBE], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0 and "scanned" in out.stdout, out.stderr[-3000:]

@@ -49,6 +49,7 @@ describes (Qwen2/Qwen3/Llama-style decoders).
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,6 +92,23 @@ def register() -> None:
     (:class:`~workers.vllm.engine.VllmEngine`), which covers an engine core in the caller's process."""
     register_backend()
     keep_cpu_weights_addressable()
+    keep_kernel_scan_safe()
+
+
+def keep_kernel_scan_safe() -> None:
+    """Let vLLM's kernel rebinding scan the modules of a process that has loaded numba.
+
+    At every worker's start (right after the general plugins, so after this hook) vLLM's CPU platform rebinds
+    Triton kernels by walking every loaded module's namespace and calling ``vars(value).get(...)`` on each value
+    that has a ``__dict__``. llvmlite, loaded with numba for the codec's host kernels, exposes its C library as
+    ``llvmlite.binding.ffi.lib``, whose attribute lookup wraps *any* missing name as a C function — ``__dict__``
+    included — so the scan dies with ``AttributeError`` and the engine never starts. An empty mapping under
+    ``__dict__`` in that object's symbol cache (the first place its lookup looks) makes ``vars(lib)`` an empty
+    dict and changes no symbol llvmlite or numba call. Nothing to do where llvmlite is not loaded."""
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    symbols = getattr(getattr(ffi, "lib", None), "_fntab", None)
+    if isinstance(symbols, dict):
+        symbols.setdefault("__dict__", {})
 
 
 def engine_uses_aurora() -> bool:
