@@ -113,6 +113,7 @@ class Follower:
         # (bucket, kind, version) → download bytes of a verified manifest; None: refused (never planned on)
         self._sizes: dict[tuple[str, str, int], int | None] = {}
         self.refused_manifests = 0  # manifests kept out of plans (unsigned, mis-signed, foreign run, corrupt)
+        self._refusals: dict[tuple[str, str, int], str] = {}  # why each refused manifest was refused
         self._planned: tuple[int, int] | None = None  # (active version, goal) of the last catch-up decision
         self._blocked: int | None = None  # active version at which no catch-up path was found (said once)
 
@@ -245,8 +246,9 @@ class Follower:
             return None
         if self._planned == (current, goal) and cause == "behind":
             return None  # decided already; the caller is carrying it out
-        plan = plan_catch_up(current, goal, {v: n for v, n in deltas.items() if v <= goal},
-                             {s: n for s, n in snapshots.items() if s <= goal})
+        with self._explained(store, goal):
+            plan = plan_catch_up(current, goal, {v: n for v, n in deltas.items() if v <= goal},
+                                 {s: n for s, n in snapshots.items() if s <= goal})
         self._planned = (current, goal)
         if self.metrics is not None:
             self.metrics.catch_up.labels(plan.kind, cause).inc()
@@ -262,6 +264,19 @@ class Follower:
         sizes = {v: self._size(store, kind, v) for v in sorted(versions)}
         return {v: n for v, n in sizes.items() if n is not None}
 
+    @contextlib.contextmanager
+    def _explained(self, store: DeltaStore, goal: int) -> Iterator[None]:
+        """A missing path that refused manifests would have made says so: which, and why (a foreign run's or a
+        mis-signed version reads as such, not as a gap)."""
+        try:
+            yield
+        except VersionNotFoundError as exc:
+            why = [reason for (url, _, version), reason in sorted(self._refusals.items())
+                   if url == store.url and version <= goal]
+            if not why:
+                raise
+            raise VersionNotFoundError(f"{exc}; refused manifests: {'; '.join(why)}"[:2000]) from exc
+
     def _size(self, store: DeltaStore, kind: str, version: int) -> int | None:
         """Download bytes of a delta or snapshot, or ``None`` when its manifest does not pass the verifier
         (manifests are immutable: read and verified once)."""
@@ -276,6 +291,7 @@ class Follower:
                 raise  # listed, then gone (a gc): not a verdict on the manifest
             except BAD_COPY_ERRORS as exc:
                 self.refused_manifests += 1
+                self._refusals[key] = f"{kind} {version}: {exc}"
                 log.warning("%s manifest of version %d in %s refused; not planned on", kind, version, store.url,
                             extra={"error": str(exc)[:300], "kind": type(exc).__name__})
                 self._sizes[key] = None
@@ -347,8 +363,10 @@ class Follower:
         current = self.target.version
         sizes = self._sizes_of(source, "snapshot", [s for s in source.snapshot_versions() if s <= goal]) \
             if snapshots else {}
-        plan = plan_catch_up(current, goal, self._sizes_of(source, "delta", [
-            v for v in source.versions() if v <= goal and (current is None or v > current)]), sizes)
+        deltas = self._sizes_of(source, "delta", [
+            v for v in source.versions() if v <= goal and (current is None or v > current)])
+        with self._explained(source, goal):
+            plan = plan_catch_up(current, goal, deltas, sizes)
         steps = ([Step(plan.snapshot, snapshot=True)] if plan.snapshot is not None else [])
         steps += [Step(v) for v in plan.deltas]
         stage_s = activate_s = 0.0
