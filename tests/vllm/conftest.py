@@ -4,8 +4,10 @@ tests of a module (an engine costs ~20 s to start on two CPU cores)."""
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,6 +83,32 @@ def publish_run(root: Path, config: dict, *, chain: int = CHAIN, warm_steps: int
 @pytest.fixture(scope="session")
 def published_run(tmp_path_factory) -> PublishedRun:
     return publish_run(tmp_path_factory.mktemp("vllm-run"), DEFAULT_CONFIG)
+
+
+@contextmanager
+def in_process_engine(snapshot_dir: Path, layout: ModelLayout) -> Iterator:
+    """A vLLM engine whose worker runs in this process (its parameters can be read raw from here), at version 0,
+    closed on exit."""
+    import vllm.envs as envs
+
+    from workers.vllm.engine import VllmEngine
+
+    saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    envs.disable_envs_cache()
+    try:
+        engine = VllmEngine(snapshot_dir, layout, seed=0, version=0)
+    finally:
+        # vLLM caches its environment once an in-process engine exists: later engines must see the real one.
+        if saved is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
+        envs.disable_envs_cache()
+    try:
+        yield engine
+    finally:
+        engine.close()
 
 
 @pytest.fixture(scope="module")

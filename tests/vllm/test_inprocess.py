@@ -4,12 +4,11 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from aurora_store.testing.targets import TargetCase, WeightTargetConformance
+from tests.vllm.conftest import in_process_engine
 from tests.vllm.helpers import CHAIN, SHORT, apply_chain, engine_bits, fused_bits, hf_greedy, hf_model_at
 from workers.rl.model import load_tokenizer
 
@@ -20,26 +19,8 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture(scope="module")
 def inproc_engine(published_run):
-    import vllm.envs as envs
-
-    from workers.vllm.engine import VllmEngine
-
-    saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    envs.disable_envs_cache()
-    try:
-        engine = VllmEngine(published_run.snapshot_dir, published_run.layout, seed=0, version=0)
-    finally:
-        # vLLM caches its environment once an in-process engine exists: later engines must see the real one.
-        if saved is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
-        envs.disable_envs_cache()
-    try:
+    with in_process_engine(published_run.snapshot_dir, published_run.layout) as engine:
         yield engine
-    finally:
-        engine.close()
 
 
 def test_in_process_engine_applies_the_chain_in_place(inproc_engine, published_run):

@@ -7,12 +7,10 @@ changed elements cross into the engine."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-from tests.vllm.conftest import publish_run
+from tests.vllm.conftest import in_process_engine, publish_run
 from tests.vllm.helpers import apply_chain, engine_bits, fused_bits
 from workers.rl.model import built_in_config
 
@@ -32,25 +30,8 @@ def moe_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def moe_engine(moe_run):
     """An in-process engine (its worker's parameters can be read raw from this process)."""
-    import vllm.envs as envs
-
-    from workers.vllm.engine import VllmEngine
-
-    saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    envs.disable_envs_cache()
-    try:
-        engine = VllmEngine(moe_run.snapshot_dir, moe_run.layout, seed=0, version=0)
-    finally:
-        if saved is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
-        envs.disable_envs_cache()
-    try:
+    with in_process_engine(moe_run.snapshot_dir, moe_run.layout) as engine:
         yield engine
-    finally:
-        engine.close()
 
 
 def _packed_experts(engine) -> tuple[dict[str, torch.Tensor], str]:
