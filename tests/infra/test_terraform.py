@@ -46,7 +46,8 @@ TEMPLATE_VALUES = {
     "region": "eu-west-1",
     "bucket_url": REGIONAL_URL,
     "source_bucket_url": HOME_URL,
-    "redis_parameter_name": "/aurora/demo/redis-url",
+    "redis_parameter_name": "/aurora/demo/redis-url/actor",
+    "cache_token_parameter": "/aurora/demo/cache-token",
     "redis_parameter_region": "us-east-1",
     "redis_secret_id": "projects/my-project/secrets/aurora-demo-redis-url",
     "redis_ca_cert": "-----BEGIN CERTIFICATE-----\nMIIBsample\n-----END CERTIFICATE-----",
@@ -223,7 +224,7 @@ def aws_roots() -> Iterator[AwsRoots]:
 
 DEPLOY = REPO / "docs" / "DEPLOY.md"
 # What only the offline plan needs on top of the walkthrough's tfvars: zones and GC principals (else data sources
-# call the API) and the AUTH token the walkthrough exports as TF_VAR_redis_auth_token.
+# call the API) and the Redis secret the walkthrough exports as TF_VAR_redis_auth_token.
 DEPLOY_OFFLINE_VARS = {
     "availability_zones": {"us-east-1": ["us-east-1a", "us-east-1b"], "eu-west-1": ["eu-west-1a", "eu-west-1b"]},
     "gc_principal_arns": ["arn:aws:iam::123456789012:role/ops"],
@@ -570,7 +571,9 @@ def test_aws_plan_renders_startup_commands_per_region(aws_plan):
         assert (config.bucket, config.redis, config.region, config.run) == (urls[region], REDIS_URL, region, "demo")
         assert config.source_bucket == (None if region == home else urls[home])
         assert (config.engine, config.trainer_public_key, config.metrics_port) == ("vllm", PUBLIC_KEY, 9400)
-        assert 'ssm.get_parameter(Name="/aurora/demo/redis-url"' in script and 'region_name="us-east-1"' in script
+        assert 'REDIS_URL="$(retry read_parameter "/aurora/demo/redis-url/actor")"' in script  # its role's URL
+        assert 'CACHE_TOKEN="$(retry read_parameter "/aurora/demo/cache-token")"' in script
+        assert 'region_name="us-east-1"' in script and "redis-url/relay" not in script
         assert "'aurora-rl[rl] @ https://example.com/aurora_rl-0.1.0-py3-none-any.whl' 'vllm==0.10.1'" in script
         assert "rediss://" not in script and PLAN_VARS["redis_auth_token"] not in script  # no secret in user data
     for region, script in relays.items():
@@ -578,6 +581,9 @@ def test_aws_plan_renders_startup_commands_per_region(aws_plan):
         config = parse_worker(argv, "workers.relay")
         assert (config.source, config.dest) == (urls[home], urls[region])
         assert (config.redis, config.region) == (REDIS_URL, region)
+        assert 'REDIS_URL="$(retry read_parameter "/aurora/demo/redis-url/relay")"' in script
+        assert 'CACHE_TOKEN="$(retry read_parameter "/aurora/demo/cache-token")"' in script
+        assert "rediss://" not in script and "redis-url/actor" not in script
 
     # What the launch templates carry is exactly these scripts (the trainer's is on its instance).
     templates = _changes(aws_plan, "aws_launch_template").values()
@@ -599,6 +605,7 @@ def test_aws_plan_trainer_on_demand_with_checkpoint_volume_secret_and_private_me
     assert "'aurora-rl[rl] @ https://example.com/aurora_rl-0.1.0-py3-none-any.whl' 'vllm==0.10.1'" in script
     assert "rediss://" not in script and PLAN_VARS["redis_auth_token"] not in script  # no secret in user data
     assert 'get_secret_value(SecretId="aurora/demo/trainer-signing-key")' in script  # fetched at every start
+    assert 'ssm.get_parameter(Name="/aurora/demo/redis-url/trainer"' in script  # the trainer user's URL
 
     (instance,) = _changes(aws_plan, "aws_instance").values()
     assert instance["instance_type"] == "p5.48xlarge" and not instance.get("instance_market_options")  # on-demand
@@ -668,9 +675,13 @@ def test_aws_plan_redis_tls_auth_and_private(aws_plan):
     (group,) = _changes(aws_plan, "aws_elasticache_replication_group").values()
     assert group["transit_encryption_enabled"] is True and group["transit_encryption_mode"] == "required"
     assert str(group["at_rest_encryption_enabled"]).lower() == "true"
-    assert group["auth_token"] == PLAN_VARS["redis_auth_token"]
-    (parameter,) = _changes(aws_plan, "aws_ssm_parameter").values()
-    assert parameter["type"] == "SecureString" and parameter["name"] == "/aurora/demo/redis-url"
+    assert not group.get("auth_token"), "RBAC users replace the AUTH token (ElastiCache takes one or the other)"
+    assert group["user_group_ids"] == ["aurora-demo-users"]
+    assert group["engine"] == "valkey" and int(group["engine_version"].split(".")[0]) >= 7  # %R~ / %W~ selectors
+    parameters = {p["name"]: p for p in _changes(aws_plan, "aws_ssm_parameter").values()}
+    assert set(parameters) == {"/aurora/demo/redis-url/trainer", "/aurora/demo/redis-url/relay",
+                               "/aurora/demo/redis-url/actor", "/aurora/demo/cache-token"}
+    assert all(p["type"] == "SecureString" for p in parameters.values())
     rules = {a: r for a, r in _changes(aws_plan, "aws_vpc_security_group_ingress_rule").items() if ".redis." in a}
     assert rules and all(r["from_port"] == r["to_port"] == 6379 and r["ip_protocol"] == "tcp" for r in rules.values())
     cidrs = sorted(r["cidr_ipv4"] for r in rules.values() if r.get("cidr_ipv4"))
@@ -775,19 +786,98 @@ def test_aws_roles_least_privilege():
         for action, statement in _allowed_actions(document):
             assert "*" not in action, f"{name}: wildcard action {action}"
             if action.startswith("ssm:"):
-                assert statement["resources"] == ["${var.redis_parameter_arn}"] or \
-                    statement["resources"] == ["${module.redis.url_parameter_arn}"]
+                assert statement["resources"] in (["${var.redis_parameter_arn}"], ["${var.cache_token_arn}"],
+                                                  ['${module.redis.url_parameter_arns["trainer"]}']), name
 
 
-def test_aws_redis_module_tls_auth():
+def test_aws_redis_module_tls_and_per_role_users():
     doc = hcl_dir(MODULES / "aws-redis")
     (group,) = typed(doc, "resource", "aws_elasticache_replication_group").values()
     assert group["transit_encryption_enabled"] is True and group["at_rest_encryption_enabled"] is True
-    assert group["auth_token"] == "${var.auth_token}" and group["transit_encryption_mode"] == "required"
-    url = named(doc, "locals")["url"]
-    assert url.startswith("rediss://:${var.auth_token}@")
-    assert named(doc, "output")["url"]["sensitive"] is True
+    assert group["transit_encryption_mode"] == "required"
+    assert "auth_token" not in group and group["user_group_ids"] == ["${aws_elasticache_user_group.this.user_group_id}"]
+    users = typed(doc, "resource", "aws_elasticache_user")
+    assert set(users) == {"default", "operator", "role"}
+    # A user group must hold a user named "default": here it is off, with no command, key or channel.
+    assert users["default"]["user_name"] == "default" and users["default"]["access_string"] == "off -@all"
+    assert users["default"]["user_id"] != "default"
+    assert users["operator"]["user_name"] == "operator"
+    assert users["role"]["for_each"] == "${toset(local.roles)}" and users["role"]["user_name"] == "${each.key}"
+    assert users["role"]["access_string"] == "${local.access_strings[each.key]}"
+    for user in users.values():
+        (auth,) = user["authentication_mode"]
+        assert auth["type"] == "password" and "access_string" in user
+    (user_group,) = typed(doc, "resource", "aws_elasticache_user_group").values()
+    for name in ("default", "operator"):
+        assert f"aws_elasticache_user.{name}.user_id" in user_group["user_ids"]
+    assert "aws_elasticache_user.role[role].user_id" in user_group["user_ids"]
+    locals_ = named(doc, "locals")
+    assert locals_["roles"] == ["trainer", "relay", "actor"]
+    assert "rediss://${user}:${local.passwords[user]}@" in locals_["urls"] and "operator" in locals_["urls"]
+    (parameter,) = typed(doc, "resource", "aws_ssm_parameter")["url"],
+    assert parameter["for_each"] == "${toset(local.roles)}" and parameter["type"] == "SecureString"
+    assert parameter["value"] == "${local.urls[each.key]}"  # role URLs only: the operator's is an output
+    outputs = named(doc, "output")
+    assert outputs["url"]["sensitive"] is True and outputs["url"]["value"] == '${local.urls["operator"]}'
+    assert outputs["role_urls"]["sensitive"] is True
     assert named(hcl_dir(TF / "aws"), "output")["redis_url"]["sensitive"] is True
+
+
+def test_aws_redis_access_strings_are_acl_rules():
+    """The users' access strings in Terraform are aurora_store.bus.acl's rules, rendered by access_string()."""
+    from aurora_store.bus import acl
+
+    path = REPO / acl.TERRAFORM_FILE
+    assert path.read_text() == acl.terraform_access_strings(), \
+        f"regenerate it: python -m aurora_store.bus.acl > {acl.TERRAFORM_FILE}"
+    templates = named(load_hcl(path), "locals")["access_string_templates"]
+    assert set(templates) == set(acl.ROLES)
+    for role in acl.ROLES:
+        assert templates[role].replace(acl.TERRAFORM_RUN, "demo") == acl.access_string(role, "demo")
+        assert templates[role].split() == ["on", *(r for r in acl.rules(role, acl.TERRAFORM_RUN)
+                                                   if not r.startswith("reset"))]
+
+
+def test_aws_plan_redis_users_carry_acl_rules(aws_plan):
+    from aurora_store.bus import acl
+
+    users = {u["user_name"]: u for u in _changes(aws_plan, "aws_elasticache_user").values()}
+    assert set(users) == {"default", "operator", *acl.ROLES}
+    for role in acl.ROLES:
+        assert users[role]["access_string"] == acl.access_string(role, "demo")
+        assert users[role]["user_id"] == f"aurora-demo-{role}"
+    assert users["default"]["access_string"] == "off -@all" and users["default"]["user_id"] == "aurora-demo-default"
+    assert users["operator"]["access_string"] == "on ~* &* +@all"
+    (group,) = _changes(aws_plan, "aws_elasticache_user_group").values()
+    assert group["user_group_id"] == "aurora-demo-users"
+    assert sorted(group["user_ids"]) == sorted(u["user_id"] for u in users.values())
+
+
+def test_aws_each_role_reads_only_its_own_redis_url():
+    """trainer: the trainer user's URL; relays: the relay user's; actors: the actor user's (plus, for relays and
+    actors, the shared cache token); every module is wired to its role's parameter."""
+    documents = _aws_policy_documents()
+
+    def ssm_resources(name):
+        return sorted(r for a, s in _allowed_actions(documents[name]) if a.startswith("ssm:") for r in s["resources"])
+
+    assert ssm_resources("aws/trainer") == ['${module.redis.url_parameter_arns["trainer"]}']
+    for name in ("aws-actors/actor", "aws-relay/relay"):
+        assert ssm_resources(name) == ["${var.cache_token_arn}", "${var.redis_parameter_arn}"]
+    root = hcl_dir(TF / "aws")
+    modules, common = named(root, "module"), named(root, "locals")["common"]
+    assert modules["trainer"]["redis_parameter_name"] == '${module.redis.url_parameter_names["trainer"]}'
+    assert modules["home_actors"]["redis_parameter_name"] == '${module.redis.url_parameter_names["actor"]}'
+    assert modules["home_actors"]["redis_parameter_arn"] == '${module.redis.url_parameter_arns["actor"]}'
+    assert common["actor_redis_parameter"] == '${module.redis.url_parameter_names["actor"]}'
+    assert common["actor_redis_arn"] == '${module.redis.url_parameter_arns["actor"]}'
+    assert common["relay_redis_parameter"] == '${module.redis.url_parameter_names["relay"]}'
+    assert common["relay_redis_arn"] == '${module.redis.url_parameter_arns["relay"]}'
+    remote = named(hcl_dir(MODULES / "aws-remote-region"), "module")
+    assert remote["actors"]["redis_parameter_arn"] == "${local.c.actor_redis_arn}"
+    assert remote["relay"]["redis_parameter_arn"] == "${local.c.relay_redis_arn}"
+    for module in (remote["actors"], remote["relay"], modules["home_actors"]):
+        assert module["cache_token_arn"] in ("${local.c.cache_token_arn}", "${module.redis.cache_token_parameter_arn}")
 
 
 # --- GCP contract (HCL) ------------------------------------------------------------------------------------------

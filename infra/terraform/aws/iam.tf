@@ -35,7 +35,7 @@ data "aws_iam_policy_document" "trainer" {
   statement {
     sid       = "ReadRedisUrl"
     actions   = ["ssm:GetParameter"]
-    resources = [module.redis.url_parameter_arn]
+    resources = [module.redis.url_parameter_arns["trainer"]] # the trainer user's URL, no other role's
   }
   # The signing key, read at every start of the trainer's unit (its value is never in Terraform's state).
   statement {

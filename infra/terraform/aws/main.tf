@@ -29,8 +29,12 @@ locals {
     force_destroy           = var.force_destroy_buckets
     source_bucket_arn       = module.home_bucket.arn
     source_bucket_url       = module.home_bucket.url
-    redis_parameter_name    = module.redis.url_parameter_name
-    redis_parameter_arn     = module.redis.url_parameter_arn
+    actor_redis_parameter   = module.redis.url_parameter_names["actor"]
+    actor_redis_arn         = module.redis.url_parameter_arns["actor"]
+    relay_redis_parameter   = module.redis.url_parameter_names["relay"]
+    relay_redis_arn         = module.redis.url_parameter_arns["relay"]
+    cache_token_parameter   = module.redis.cache_token_parameter_name
+    cache_token_arn         = module.redis.cache_token_parameter_arn
     admission_secret_id     = aws_secretsmanager_secret.admission.name
     admission_secret_arn    = aws_secretsmanager_secret.admission.arn
     home_vpc_id             = module.home_network.vpc_id
@@ -86,7 +90,7 @@ module "redis" {
   engine_version     = var.redis_engine_version
   node_type          = var.redis_node_type
   num_cache_clusters = var.redis_num_cache_clusters
-  auth_token         = var.redis_auth_token
+  secret             = var.redis_auth_token
   allowed_security_groups = {
     actors  = module.home_actors.security_group_id
     trainer = aws_security_group.trainer.id
@@ -106,9 +110,11 @@ module "home_actors" {
   bucket_url             = module.home_bucket.url
   source_bucket_arn      = module.home_bucket.arn
   source_bucket_url      = module.home_bucket.url
-  redis_parameter_name   = module.redis.url_parameter_name
-  redis_parameter_arn    = module.redis.url_parameter_arn
+  redis_parameter_name   = module.redis.url_parameter_names["actor"]
+  redis_parameter_arn    = module.redis.url_parameter_arns["actor"]
   redis_parameter_region = var.home_region
+  cache_token_parameter  = module.redis.cache_token_parameter_name
+  cache_token_arn        = module.redis.cache_token_parameter_arn
   admission_secret_id    = aws_secretsmanager_secret.admission.name
   admission_secret_arn   = aws_secretsmanager_secret.admission.arn
   vpc_id                 = module.home_network.vpc_id
@@ -147,7 +153,7 @@ module "trainer" {
   data_volume_final_snapshot = var.trainer_data_volume_final_snapshot
   secret_recovery_days       = var.signing_key_recovery_days
   bucket_url                 = module.home_bucket.url
-  redis_parameter_name       = module.redis.url_parameter_name
+  redis_parameter_name       = module.redis.url_parameter_names["trainer"]
   redis_parameter_region     = var.home_region
   admission_secret_id        = aws_secretsmanager_secret.admission.name
   pip_requirements           = local.pip_requirements

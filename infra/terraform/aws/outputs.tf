@@ -16,14 +16,14 @@ output "home_bucket_url" {
 }
 
 output "redis_url" {
-  description = "Control plane URL, rediss://:<token>@host:port/0 (`terraform output -raw redis_url`)."
+  description = "The operator's control plane URL, rediss://operator:<password>@host:port/0 (`terraform output -raw redis_url`): every command, for `aurora status`/`gc`; no instance holds it."
   value       = module.redis.url
   sensitive   = true
 }
 
-output "redis_url_parameter" {
-  description = "SSM parameter (SecureString, home region) holding the Redis URL."
-  value       = module.redis.url_parameter_name
+output "redis_url_parameters" {
+  description = "SSM parameter (SecureString, home region) holding each role's Redis URL (trainer, relay, actor => name)."
+  value       = module.redis.url_parameter_names
 }
 
 output "trainer_instance_profile" {

@@ -178,7 +178,7 @@ variable "relay_root_device_name" {
 # --- control plane (ElastiCache) ---------------------------------------------------------------------------
 
 variable "redis_auth_token" {
-  description = "AUTH token of the control plane: 16-128 letters and digits (e.g. `openssl rand -hex 32`)."
+  description = "The control plane's secret, 16-128 letters and digits (e.g. `openssl rand -hex 32`): the ElastiCache users' passwords (operator, trainer, relay, actor) and the relays' cache token are derived from it one-way."
   type        = string
   sensitive   = true
   validation {
@@ -194,8 +194,9 @@ variable "redis_engine" {
 }
 
 variable "redis_engine_version" {
-  type    = string
-  default = "8.0"
+  description = "Redis >= 7 or Valkey: the per-role users' %R~/%W~ key selectors need it."
+  type        = string
+  default     = "8.0"
 }
 
 variable "redis_node_type" {

@@ -15,6 +15,7 @@ locals {
     source_bucket_url      = local.source_bucket_url
     redis_parameter_name   = var.redis_parameter_name
     redis_parameter_region = var.redis_parameter_region
+    cache_token_parameter  = var.cache_token_parameter
     admission_secret_id    = var.admission_secret_id
     pip_requirements       = var.pip_requirements
     pip_extra_args         = var.pip_extra_args
@@ -58,7 +59,12 @@ data "aws_iam_policy_document" "actor" {
   statement {
     sid       = "ReadRedisUrl"
     actions   = ["ssm:GetParameter"]
-    resources = [var.redis_parameter_arn]
+    resources = [var.redis_parameter_arn] # the actor user's URL, no other role's
+  }
+  statement {
+    sid       = "ReadCacheToken"
+    actions   = ["ssm:GetParameter"]
+    resources = [var.cache_token_arn]
   }
   statement {
     sid       = "ReadAdmissionSecret"

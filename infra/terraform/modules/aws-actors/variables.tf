@@ -34,12 +34,12 @@ variable "source_bucket_url" {
 }
 
 variable "redis_parameter_name" {
-  description = "SSM parameter (SecureString) holding the Redis URL."
+  description = "SSM parameter (SecureString) holding the actor user's Redis URL."
   type        = string
 }
 
 variable "redis_parameter_arn" {
-  description = "ARN of that parameter (the only SSM permission actors get)."
+  description = "ARN of that parameter (with the cache token's, the only SSM permissions actors get)."
   type        = string
 }
 
@@ -50,6 +50,16 @@ variable "admission_secret_id" {
 
 variable "admission_secret_arn" {
   description = "ARN of that secret (actors may read it and nothing else of Secrets Manager)."
+  type        = string
+}
+
+variable "cache_token_parameter" {
+  description = "SSM parameter (SecureString, home region) holding the relays' cache token."
+  type        = string
+}
+
+variable "cache_token_arn" {
+  description = "ARN of that parameter."
   type        = string
 }
 

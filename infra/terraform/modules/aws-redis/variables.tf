@@ -36,9 +36,13 @@ variable "engine" {
 }
 
 variable "engine_version" {
-  description = "Engine version (Streams need >= 5; Valkey 7.2/8.x and Redis 7.x are fine)."
+  description = "Engine version: the users' write-only and read-only key selectors (%W~, %R~) need Redis >= 7 or Valkey (7.2, 8.x)."
   type        = string
   default     = "8.0"
+  validation {
+    condition     = can(regex("^[0-9]+", var.engine_version)) && tonumber(regex("^[0-9]+", var.engine_version)) >= 7
+    error_message = "engine_version must be 7 or later (Redis 7.x, Valkey 7.2/8.x): the per-role users need %R~/%W~ key selectors."
+  }
 }
 
 variable "node_type" {
@@ -53,8 +57,8 @@ variable "num_cache_clusters" {
   default     = 2
 }
 
-variable "auth_token" {
-  description = "AUTH token (16-128 letters and digits)."
+variable "secret" {
+  description = "The run's Redis secret: every user's password and the relays' cache token are derived from it (sha256)."
   type        = string
   sensitive   = true
 }

@@ -10,6 +10,7 @@ locals {
     bucket_url             = var.bucket_url
     redis_parameter_name   = var.redis_parameter_name
     redis_parameter_region = var.redis_parameter_region
+    cache_token_parameter  = var.cache_token_parameter
     cache_port             = var.cache_port
     pip_requirements       = var.pip_requirements
     pip_extra_args         = var.pip_extra_args
@@ -58,7 +59,12 @@ data "aws_iam_policy_document" "relay" {
   statement {
     sid       = "ReadRedisUrl"
     actions   = ["ssm:GetParameter"]
-    resources = [var.redis_parameter_arn]
+    resources = [var.redis_parameter_arn] # the relay user's URL, no other role's
+  }
+  statement {
+    sid       = "ReadCacheToken"
+    actions   = ["ssm:GetParameter"]
+    resources = [var.cache_token_arn]
   }
 }
 

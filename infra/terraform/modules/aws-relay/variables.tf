@@ -34,12 +34,22 @@ variable "source_bucket_url" {
 }
 
 variable "redis_parameter_name" {
-  description = "SSM parameter (SecureString) holding the Redis URL."
+  description = "SSM parameter (SecureString) holding the relay user's Redis URL."
   type        = string
 }
 
 variable "redis_parameter_arn" {
-  description = "ARN of that parameter (the only SSM permission actors get)."
+  description = "ARN of that parameter (with the cache token's, the only SSM permissions relays get)."
+  type        = string
+}
+
+variable "cache_token_parameter" {
+  description = "SSM parameter (SecureString, home region) holding the relays' cache token."
+  type        = string
+}
+
+variable "cache_token_arn" {
+  description = "ARN of that parameter."
   type        = string
 }
 

@@ -35,9 +35,11 @@ module "actors" {
   bucket_url             = module.bucket.url
   source_bucket_arn      = local.c.source_bucket_arn
   source_bucket_url      = local.c.source_bucket_url
-  redis_parameter_name   = local.c.redis_parameter_name
-  redis_parameter_arn    = local.c.redis_parameter_arn
+  redis_parameter_name   = local.c.actor_redis_parameter
+  redis_parameter_arn    = local.c.actor_redis_arn
   redis_parameter_region = local.c.home_region
+  cache_token_parameter  = local.c.cache_token_parameter
+  cache_token_arn        = local.c.cache_token_arn
   admission_secret_id    = local.c.admission_secret_id
   admission_secret_arn   = local.c.admission_secret_arn
   vpc_id                 = module.network.vpc_id
@@ -67,9 +69,11 @@ module "relay" {
   bucket_url             = module.bucket.url
   source_bucket_arn      = local.c.source_bucket_arn
   source_bucket_url      = local.c.source_bucket_url
-  redis_parameter_name   = local.c.redis_parameter_name
-  redis_parameter_arn    = local.c.redis_parameter_arn
+  redis_parameter_name   = local.c.relay_redis_parameter
+  redis_parameter_arn    = local.c.relay_redis_arn
   redis_parameter_region = local.c.home_region
+  cache_token_parameter  = local.c.cache_token_parameter
+  cache_token_arn        = local.c.cache_token_arn
   vpc_id                 = module.network.vpc_id
   vpc_cidr               = module.network.cidr
   subnet_ids             = module.network.subnet_ids

@@ -40,8 +40,12 @@ variable "common" {
     force_destroy           = bool
     source_bucket_arn       = string
     source_bucket_url       = string
-    redis_parameter_name    = string
-    redis_parameter_arn     = string
+    actor_redis_parameter   = string
+    actor_redis_arn         = string
+    relay_redis_parameter   = string
+    relay_redis_arn         = string
+    cache_token_parameter   = string
+    cache_token_arn         = string
     admission_secret_id     = string
     admission_secret_arn    = string
     home_vpc_id             = string
