@@ -821,6 +821,8 @@ def test_aws_redis_module_tls_and_per_role_users():
     assert outputs["url"]["sensitive"] is True and outputs["url"]["value"] == '${local.urls["operator"]}'
     assert outputs["role_urls"]["sensitive"] is True
     assert named(hcl_dir(TF / "aws"), "output")["redis_url"]["sensitive"] is True
+    (validation,) = named(doc, "variable")["engine_version"]["validation"]
+    assert ">= 7" in validation["condition"]  # %R~ / %W~ key selectors
 
 
 def test_aws_redis_access_strings_are_acl_rules():
