@@ -25,6 +25,7 @@ from aurora_store.codec.decoder import (
     StagedDelta,
     TensorUpdate,
     check_applicable,
+    concat_host,
     decode_segment,
     verify_segment,
 )
@@ -117,11 +118,11 @@ class AheadStager:
             for (before, _), (after, _) in itertools.pairwise(parts):
                 if after.header.lo < before.header.hi:
                     raise CorruptSegmentError(f"chunks of {name} overlap")
-            indices = torch.cat([c.indices for c, _ in parts])
+            indices = concat_host([c.indices for c, _ in parts])
             if indices.numel() != manifest.changed.get(name, 0):
                 raise ManifestError(f"{name}: decoded {indices.numel()} changes, manifest says "
                                     f"{manifest.changed.get(name, 0)}")
-            updates.append(TensorUpdate(name, indices, torch.cat([b for _, b in parts])))
+            updates.append(TensorUpdate(name, indices, concat_host([b for _, b in parts])))
         if str(self.target.digest + delta) != manifest.weights_digest:
             raise DigestMismatchError(f"applying version {manifest.version} would give weights digest "
                                       f"{self.target.digest + delta}, manifest says {manifest.weights_digest}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -179,6 +179,17 @@ def decode_segment(layout: ModelLayout, codec: CodecParams, ref: SegmentRef, dat
     return out
 
 
+def concat_host(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat`` of host tensors through numpy. A host ``torch.cat`` above its grain size wakes torch's
+    intra-op thread pool, and in a process pinned to fewer cores than that pool has threads (a region's
+    actors sharing a core) the wake-up cost ~0.1 s per call — more than the whole staging of a small delta."""
+    if len(parts) == 1:
+        return parts[0]
+    if any(p.device.type != "cpu" for p in parts):
+        return torch.cat(list(parts))
+    return torch.from_numpy(np.concatenate([p.numpy() for p in parts]))
+
+
 def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tuple[SegmentRef, bytes]],
           target: WeightTarget, *, threads: int | None = None) -> StagedDelta:
     """Verify and decode a delta against ``target`` without modifying it.
@@ -213,8 +224,7 @@ def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tupl
         for before, after in itertools.pairwise(chunks):
             if after.header.lo < before.header.hi:
                 raise CorruptSegmentError(f"chunks of {name} overlap")
-        indices = chunks[0].indices if len(chunks) == 1 else \
-            torch.from_numpy(np.concatenate([c.indices.numpy() for c in chunks]))
+        indices = concat_host([c.indices for c in chunks])
         if indices.numel() != manifest.changed.get(name, 0):
             raise ManifestError(f"{name}: decoded {indices.numel()} changes, manifest says "
                                 f"{manifest.changed.get(name, 0)}")
