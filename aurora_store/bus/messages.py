@@ -43,23 +43,6 @@ class UnknownKindError(MessageError):
     """A message names a kind its reader does not know: dropped and counted, like malformed input."""
 
 
-def check_range(owner: str, name: str, value: int | float | None, low: int | float, high: int | float) -> None:
-    """``value`` (if not ``None``) lies within ``[low, high]``, else :class:`MessageError`."""
-    if value is not None and not low <= value <= high:
-        raise MessageError(f"{owner}.{name}: {value!r} is outside [{low}, {high}]")
-
-
-def check_pattern(owner: str, name: str, value: str | None, pattern: re.Pattern[str]) -> None:
-    """``value`` (if not ``None``) matches ``pattern`` whole, else :class:`MessageError`."""
-    if value is not None and not pattern.fullmatch(value):
-        raise MessageError(f"{owner}.{name}: {value[:80]!r} is not a valid value")
-
-
-def check_sha256(owner: str, name: str, value: str | None) -> None:
-    """A SHA-256 in the one spelling names use: 64 lower-case hex digits (it becomes an object or file name)."""
-    check_pattern(owner, name, value, _SHA256)
-
-
 def is_sha256(value: object) -> bool:
     return isinstance(value, str) and _SHA256.fullmatch(value) is not None
 
@@ -96,7 +79,9 @@ def result_cap(group_size: int, max_new_tokens: int) -> int:
     return RESULT_OVERHEAD + group_size * (BYTES_PER_SAMPLE + BYTES_PER_TOKEN * max_new_tokens)
 
 
-def _check_id(what: str, value: object, pattern: re.Pattern[str]) -> None:
+def _check_id(what: str, value: object, pattern: re.Pattern[str], *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
     if not isinstance(value, str) or not pattern.fullmatch(value):
         raise MessageError(f"{what}: not a valid id: {str(value)[:80]!r}")
 
@@ -212,17 +197,18 @@ class VersionEvent(_Message):
         if self.kind not in self.KINDS:
             raise UnknownKindError(f"unknown version event kind {self.kind[:16]!r}")
         owner = f"VersionEvent({self.kind})"
-        check_range(owner, "version", self.version, 0, MAX_VERSION)
-        check_range(owner, "base", self.base, 0, MAX_VERSION)
-        check_pattern(owner, "region", self.region, _NAME)
-        check_pattern(owner, "manifest_key", self.manifest_key, _OBJECT_KEY)
+        _check_int(f"{owner}.version", self.version, 0, MAX_VERSION)
+        _check_int(f"{owner}.base", self.base, 0, MAX_VERSION, optional=True)
+        _check_id(f"{owner}.region", self.region, _NAME)
+        _check_id(f"{owner}.manifest_key", self.manifest_key, _OBJECT_KEY, optional=True)
         if self.manifest_key is not None and ".." in self.manifest_key.split("/"):
             raise MessageError(f"{owner}.manifest_key: {self.manifest_key[:80]!r} climbs out of the run")
         if self.weights_digest is not None:
             _check_weights_digest(owner, self.weights_digest)
-        check_sha256(owner, "segment", self.segment)
-        check_range(owner, "size", self.size, 1, MAX_SEGMENT_BYTES)
-        check_range(owner, "sent_ms", self.sent_ms, 0, MAX_MILLIS)
+        # a SHA-256 in the one spelling names use (it becomes an object or file name)
+        _check_id(f"{owner}.segment", self.segment, _SHA256, optional=True)
+        _check_int(f"{owner}.size", self.size, 1, MAX_SEGMENT_BYTES, optional=True)
+        _check_int(f"{owner}.sent_ms", self.sent_ms, 0, MAX_MILLIS, optional=True)
         if self.kind == "segment" and (self.segment is None or self.size is None):
             raise MessageError(f"{owner}: a segment event names its segment and size")
 
