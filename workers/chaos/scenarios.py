@@ -247,13 +247,18 @@ def gc_during_lag(run_dir: Path, quick: bool) -> ScenarioResult:
     with LocalCluster(spec) as cluster:
         wait_version(cluster, 2)
         wait_actor_ready(cluster, "us-east-3")
+        # Frozen while caught up: an actor already behind may have planned (and staged) a snapshot before the
+        # freeze, and would then never meet the missing delta this scenario is about (seen on a loaded machine).
+        cluster.wait_for(lambda: _active_version(cluster, "us-east-3") >= cluster.trainer_version() - 1, 120,
+                         "actor us-east-3 caught up before the freeze")
         victim = cluster.group["actor-us-east-3"]
         os.kill(victim.process.pid, signal.SIGSTOP)
         frozen_at = now_ms()
-        state = cluster.plane.actors()["us-east-3"][0]
-        frozen_version = state.active_version or 0
-        # The first snapshot past everything the frozen actor holds or may have staged in memory.
-        snapshot = (frozen_version + 2 + 3) // 4 * 4
+        published = cluster.trainer_version()
+        frozen_version = _active_version(cluster, "us-east-3")
+        # The first snapshot past everything the frozen actor holds or may have staged in memory: nothing newer
+        # than what the trainer had published when it stopped (nor than the version after its active one).
+        snapshot = (max(published, frozen_version + 1) + 1 + 3) // 4 * 4
         store = cluster.store()
         cluster.wait_for(lambda: snapshot in store.snapshot_versions(), 300, f"snapshot {snapshot}")
         report = None
@@ -311,6 +316,12 @@ def gc_during_lag(run_dir: Path, quick: bool) -> ScenarioResult:
         result.invariants["no_wrongly_accepted_rollout"] = not wrong
         finish(result, cluster, summary, log, expected_steps=steps, collected_through=max(collected, default=0))
     return result
+
+
+def _active_version(cluster: LocalCluster, actor_id: str) -> int:
+    """The actor's active version as it last reported it (-1: not registered or nothing active)."""
+    state = cluster.plane.actors().get(actor_id, (None, None))[0]
+    return -1 if state is None or state.active_version is None else state.active_version
 
 
 def relay_dies(run_dir: Path, quick: bool) -> ScenarioResult:
