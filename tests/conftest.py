@@ -20,11 +20,17 @@ from aurora_store.testing.servers import (
     environment,
 )
 from tests import parallel
+from workers.launch import start_from_template
 
 pytest_plugins = ["tests.cpu_time"]
 
 # The operator's admission secret, for every trainer and actor a test starts (in-process or as a child).
 os.environ.setdefault("AURORA_ADMISSION_SECRET", secrets.token_urlsafe(24))
+
+# The local clusters' trainers, actors and relays start from one warm template process (workers.forkserver): the
+# suite starts ~150 of them, each of which would first pay 2-6 CPU-seconds of imports on two cores.
+# AURORA_TEST_FRESH_INTERPRETERS=1 starts every one the usual way.
+start_from_template(os.environ.get("AURORA_TEST_FRESH_INTERPRETERS") != "1")
 
 settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from aurora_store import config
 from aurora_store.testing import children
+from workers import forkserver
 
 #: Beyond the children's grace period: the interpreter's own exit after their graceful path.
 EXIT_SLACK_S = 5.0
@@ -30,11 +31,22 @@ def stop_timeout_s() -> float:
     return config.stop_grace_s() + EXIT_SLACK_S
 
 
+_FROM_TEMPLATE = False
+
+
+def start_from_template(enabled: bool = True) -> None:
+    """Start this process's trainers, actors and relays from one warm template process
+    (:mod:`workers.forkserver`) instead of a fresh interpreter each. A choice of this process only (the test
+    suite makes it): its children, and anything they start, start the usual way."""
+    global _FROM_TEMPLATE
+    _FROM_TEMPLATE = enabled
+
+
 @dataclass
 class Managed:
     name: str
     argv: list[str]
-    process: subprocess.Popen
+    process: subprocess.Popen | forkserver.ForkedProcess
     log_path: Path
 
     @property
@@ -71,6 +83,8 @@ class Managed:
         """Whether the process has exited, without collecting it (``WNOWAIT``)."""
         if self.process.returncode is not None:
             return True
+        if isinstance(self.process, forkserver.ForkedProcess):  # the fork server's child, not ours
+            return self.process.exited()
         try:
             return os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
         except ChildProcessError:  # collected elsewhere
@@ -107,11 +121,30 @@ class ProcessGroup:
         argv = [*(prefix or []), sys.executable, "-m", module, *args]
         log_path = self.log_dir / f"{name}.log"
         environment = {**os.environ, **self.env, **(env or {}), "PYTHONUNBUFFERED": "1"}
-        with open(log_path, "ab") as log:
-            process = children.popen(argv, stdout=log, stderr=subprocess.STDOUT, env=environment)
+        process: subprocess.Popen | forkserver.ForkedProcess | None = self._forked(module, args, environment,
+                                                                                    log_path, prefix)
+        if process is None:
+            with open(log_path, "ab") as log:
+                process = children.popen(argv, stdout=log, stderr=subprocess.STDOUT, env=environment)
         managed = Managed(name, argv, process, log_path)
         self.processes[name] = managed
         return managed
+
+    @staticmethod
+    def _forked(module: str, args: list[str], env: dict[str, str], log_path: Path,
+                prefix: list[str] | None) -> forkserver.ForkedProcess | None:
+        """The process forked from the warm template, when this process asked for it
+        (:func:`start_from_template`) and the template can run it as a fresh interpreter would (else ``None``:
+        started the usual way)."""
+        if not _FROM_TEMPLATE:
+            return None
+        try:
+            server = forkserver.shared()
+            if not server.accepts(module, env, prefix):
+                return None
+            return server.start(module, args, env=env, log_path=log_path)
+        except forkserver.ForkServerError:
+            return None
 
     def __getitem__(self, name: str) -> Managed:
         return self.processes[name]
