@@ -183,6 +183,7 @@ class VllmWeightTarget:
         self.rpc_bytes: Counter[str] = Counter()
         self._held: tuple[int, int] | None = None  # (version, base) every worker holds, staged and checked
         self.last_scatter_s = 0.0
+        self.last_held_stage_s = 0.0  # the slowest worker's own staging of the last version staged there
         self.tensor_parallel = 1  # ranks holding a slice of the weights (the engine sets it)
         self.version = version
         self.digest = digest if digest is not None else self.full_digest()
@@ -287,6 +288,7 @@ class VllmWeightTarget:
             raise DigestMismatchError(f"the workers' slices of version {manifest.version} ({owned} elements) do not "
                                       f"add up to its {manifest.changed_total} changes and digest")
         self._held = (manifest.version, manifest.base_version)
+        self.last_held_stage_s = max(float(reply[4]) for reply in replies)
         return True
 
     def activate_held(self, staged: StagedDelta) -> bool:
