@@ -283,7 +283,7 @@ class ModelTarget:
                                            f"{request.manifest.base_version}, this worker is at {self.version}")
         self.held.start(request, self.layout, self._shards, self._flats())
 
-    def activate_held(self, version: int, base_version: int) -> tuple[int, float]:
+    def write_held(self, version: int, base_version: int) -> tuple[int, float]:
         """Write the held ``version`` in place if it was staged on ``base_version``, the version this worker
         is at, with no write since; returns ``(elements written, seconds of the scatter itself)``."""
         if base_version != self.version:
@@ -373,7 +373,7 @@ class AuroraWorkerExtension:
 
     def aurora_activate(self, version: int, base_version: int) -> list[float]:
         """The batch boundary: write the held ``version`` in place; ``[elements written, scatter seconds]``."""
-        written, seconds = self._aurora_target().activate_held(version, base_version)
+        written, seconds = self._aurora_target().write_held(version, base_version)
         return [written, seconds]
 
     def aurora_read(self, names: list[str]) -> list[bytes]:
