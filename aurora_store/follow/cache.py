@@ -26,6 +26,7 @@ class RelayCache:
             raise ValueError(f"not a cache URL: {url!r}")
         self.url = url
         self.host, self.port = parts.hostname, parts.port or 80
+        self.token = token  # handed on to an engine's workers that read this cache themselves
         self._auth = f"Bearer {token}"
         self.metrics = metrics
         self.timeout_s = timeout_s

@@ -34,6 +34,7 @@ from aurora_store.follow.ahead import DecodeAhead
 from aurora_store.follow.chain import BAD_COPY_ERRORS, BucketChain
 from aurora_store.follow.plan import CatchUpPlan, plan_catch_up
 from aurora_store.follow.prefetch import Prefetcher
+from aurora_store.follow.remote import StagesRemotely
 from aurora_store.follow.sources import OnRead, SegmentReader, SourcesFor
 from aurora_store.follow.stage import stage_snapshot, stage_version
 from aurora_store.metrics import Metrics
@@ -110,6 +111,7 @@ class Follower:
         self._target: WeightTarget | None = None
         self.ahead: DecodeAhead | None = None
         self.decoded_ahead = 0  # segments the last staging found decoded already
+        self.held_remotely: int | None = None  # the version the target staged on its own side, if any
         # (bucket, kind, version) → download bytes of a verified manifest; None: refused (never planned on)
         self._sizes: dict[tuple[str, str, int], int | None] = {}
         self.refused_manifests = 0  # manifests kept out of plans (unsigned, mis-signed, foreign run, corrupt)
@@ -308,16 +310,35 @@ class Follower:
         baseline)."""
         snapshot = step.snapshot or full_sync
         if step.from_source and self.chain.source is not None:
-            return self._stage_from(self.chain.source, step.version, snapshot)
-        return self.chain.read(step.version, lambda store: self._stage_from(store, step.version, snapshot))
+            return self._stage_from(self.chain.source, step.version, snapshot, remote=True)
+        return self.chain.read(step.version,
+                               lambda store: self._stage_from(store, step.version, snapshot, remote=True))
 
-    def _stage_from(self, store: DeltaStore, version: int, snapshot: bool) -> Staged:
+    def _stage_from(self, store: DeltaStore, version: int, snapshot: bool, *, remote: bool = False) -> Staged:
         self.decoded_ahead = 0
         if snapshot:
             staged = stage_snapshot(store, version, self.target, streams=self.streams, verify_manifest=self.verify)
             self._count(staged.snapshot_bytes)
             return staged
-        return self._stage_delta(store, version)
+        delta = self._stage_delta(store, version)
+        if remote:
+            self._stage_remotely(delta, store)
+        return delta
+
+    def _stage_remotely(self, staged: StagedDelta, store: DeltaStore) -> None:
+        """Ask a target that stages on its own side (:class:`~aurora_store.follow.remote.StagesRemotely`) to
+        stage the version just verified here, from the same bucket; if it cannot, activation pushes the
+        changes instead (never a failed staging: this copy is verified)."""
+        target = self.target
+        self.held_remotely = None
+        if not isinstance(target, StagesRemotely):
+            return
+        try:
+            if target.stage_remote(staged.manifest, store, self.reader.sources(store)):
+                self.held_remotely = staged.version
+        except AuroraError as exc:
+            log.warning("the engine could not stage version %d itself; it will be pushed", staged.version,
+                        extra={"error": str(exc)[:500], "kind": type(exc).__name__})
 
     def _stage_delta(self, store: DeltaStore, version: int) -> StagedDelta:
         def segments(v: int, refs: Sequence[SegmentRef]) -> Iterator[tuple[SegmentRef, bytes]]:
@@ -348,7 +369,11 @@ class Follower:
         target = self.target
         with self.ahead.writing() if self.ahead is not None else contextlib.nullcontext():
             try:
-                activate(staged, target)
+                # Held by the engine's own processes: one small call writes it there; else push the changes.
+                held = (isinstance(target, StagesRemotely) and isinstance(staged, StagedDelta)
+                        and self.held_remotely == staged.version and target.activate_held(staged))
+                if not held:
+                    activate(staged, target)
             except AuroraError:
                 target.version = None  # the writes' outcome is unknown: no delta applies to unknown weights
                 raise

@@ -38,8 +38,12 @@ class SegmentReader:
         self._lock = threading.Lock()
         self.bytes_by_source: dict[str, int] = {"bucket": 0}
 
+    def sources(self, store: DeltaStore) -> Sequence[SegmentSource]:
+        """The sources tried before ``store`` for a read now."""
+        return self._sources_for(store) if self._sources_for is not None else ()
+
     def read(self, store: DeltaStore, ref: SegmentRef) -> bytes:
-        for source in self._sources_for(store) if self._sources_for is not None else ():
+        for source in self.sources(store):
             data = source.get(ref)
             if data is not None:
                 self._count(source.label, len(data))

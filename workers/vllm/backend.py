@@ -42,8 +42,9 @@ KV blocks computed under older weights must not be reused: call ``llm.reset_pref
 ``finish_weight_update`` (vLLM's RL routes do this with ``/pause?clear_cache=true``).
 
 Limits: pull mode follows at tensor parallelism 1 (push mode writes every rank's slice, with the shard
-maths of :mod:`workers.vllm.shards`); the model's layout must be one :class:`~aurora_store.codec.ModelLayout`
-describes (Qwen2/Qwen3/Llama-style decoders).
+maths of :mod:`workers.vllm.shards`; our engine client also has every rank stage its own slice from the
+bucket and write it on a version-only call, :mod:`workers.vllm.held`); the model's layout must be one
+:class:`~aurora_store.codec.ModelLayout` describes (Qwen2/Qwen3/Llama-style decoders).
 """
 
 from __future__ import annotations

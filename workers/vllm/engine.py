@@ -9,8 +9,18 @@ default) in its own process — with vLLM 0.32 on CPU the worker is then a third
 engine core through vLLM's shared-memory queue. Only indices and 16-bit patterns of *changed* elements cross
 those boundaries; the weights never do.
 
-Round trips. ``aurora_store.codec.activate`` calls ``scatter`` once per tensor; the target queues those
-writes and sends them as **one** ``update_weights`` call (inside vLLM's weight-update session,
+Activation without the host hop. Once the actor's follower has staged and verified a version, it asks this
+target to stage it in the workers too (:meth:`VllmWeightTarget.stage_remote`): every worker reads the
+version's segments from the same bucket (and relay cache) itself, on a background thread while the engine
+generates, and holds its own TP slice as int32 indices and bits on its device (:mod:`workers.vllm.held`);
+the sum of the workers' digest shares and owned counts must match the manifest. At the batch boundary
+:meth:`VllmWeightTarget.activate_held` sends one ``aurora_activate`` call carrying the version and its base:
+nothing proportional to the delta crosses a process boundary there (``rpc_bytes`` counts every call's
+payload).
+
+The push path (the fallback, for a bucket the workers cannot reach such as a ``memory://`` one, or a worker
+that failed to stage): ``aurora_store.codec.activate`` calls ``scatter`` once per tensor; the target queues
+those writes and sends them as **one** ``update_weights`` call (inside vLLM's weight-update session,
 ``start_weight_update`` / ``update_weights`` / ``finish_weight_update``, served by the ``aurora``
 weight-transfer backend in push mode) at :meth:`VllmWeightTarget.flush`, which ``activate`` calls at its
 end — or at the next read or batch, whichever comes first. Staging reads old bits with one
@@ -43,27 +53,43 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from aurora_store.codec import ModelLayout
-from aurora_store.codec.digest import WeightsDigest
+from aurora_store.codec.decoder import StagedDelta, check_applicable
+from aurora_store.codec.digest import ZERO, WeightsDigest
+from aurora_store.codec.manifest import DeltaManifest
 from aurora_store.codec.target import check_indices, check_values
-from aurora_store.errors import AuroraError, ConfigError, EngineError, LayoutError
+from aurora_store.errors import AuroraError, ConfigError, DigestMismatchError, EngineError, LayoutError
+from aurora_store.follow.cache import RelayCache
+from aurora_store.follow.sources import SegmentSource
+from aurora_store.store.versions import DeltaStore
 from workers.engines.base import Completion, EngineOptions
+from workers.vllm.held import StageRequest
 from workers.vllm.wire import (
     BACKEND_NAME,
     EXTENSION_PATH,
+    RPC_ACTIVATE,
     RPC_ATTACH,
     RPC_DIGEST,
     RPC_GATHER,
     RPC_PARAMETERS,
     RPC_READ,
+    RPC_STAGE,
+    RPC_STAGED,
     merge_gathered,
     pack_indices,
     pack_updates,
+    payload_bytes,
     sum_digests,
     unpack_bits,
 )
 
 if TYPE_CHECKING:
     from vllm import LLM
+
+#: Bucket schemes whose objects live in one process's memory: the workers cannot read them (push instead).
+PROCESS_LOCAL_SCHEMES = ("memory://",)
+#: How long the actor's stager waits for the workers to stage a version, and how often it asks.
+HELD_TIMEOUT_S = 600.0
+HELD_POLL_S = 0.02
 
 #: Environment the engine needs on our machines unless the caller set otherwise: no Hub access, and a
 #: bounded KV cache on the CPU backend (GiB).
@@ -141,7 +167,9 @@ class VllmWeightTarget:
 
     ``version`` and ``digest`` are kept here (the actor and ``activate`` set them); element access goes to
     the worker. Every call holds the engine (:meth:`holding`), so reads and writes never interleave with a
-    batch. ``rpc_calls`` counts round trips per method (tests and benchmarks check the batching).
+    batch. ``rpc_calls`` counts round trips per method and ``rpc_bytes`` the payload each carried
+    (:func:`~workers.vllm.wire.payload_bytes`; tests and benchmarks check the batching and what crosses at
+    the boundary). ``last_scatter_s`` is the slowest worker's own scatter time of the last held activation.
     """
 
     def __init__(self, layout: ModelLayout, rpc: Rpc, gate: _Gate, on_write: Callable[[], None],
@@ -152,12 +180,17 @@ class VllmWeightTarget:
         self._on_write = on_write
         self._pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []
         self.rpc_calls: Counter[str] = Counter()
+        self.rpc_bytes: Counter[str] = Counter()
+        self._held: tuple[int, int] | None = None  # (version, base) every worker holds, staged and checked
+        self.last_scatter_s = 0.0
+        self.last_held_stage_s = 0.0  # the slowest worker's own staging of the last version staged there
         self.tensor_parallel = 1  # ranks holding a slice of the weights (the engine sets it)
         self.version = version
         self.digest = digest if digest is not None else self.full_digest()
 
     def _call(self, method: str, *args: Any) -> list:
         self.rpc_calls[method] += 1
+        self.rpc_bytes[method] += payload_bytes(args)
         return self._rpc(method, args)
 
     @contextmanager
@@ -225,11 +258,65 @@ class VllmWeightTarget:
     def pending(self) -> int:
         return len(self._pending)
 
+    # --- versions staged in the workers ----------------------------------------------------------
+
+    def stage_remote(self, manifest: DeltaManifest, store: DeltaStore, sources: Sequence[SegmentSource]) -> bool:
+        """Have every worker stage ``manifest``'s version (verified by the caller, on this target's current
+        weights) from ``store`` itself — the relay cache among ``sources`` first — and hold its slice; waits,
+        polling, without holding the engine in between (the engine generates meanwhile). ``True`` once the
+        workers' owned counts sum to the manifest's changed elements and their digest shares move the base
+        digest to the manifest's; ``False`` for a bucket the workers cannot reach (activation pushes)."""
+        if store.url.startswith(PROCESS_LOCAL_SCHEMES):
+            return False
+        cache = next(((s.url, s.token) for s in sources if isinstance(s, RelayCache)), None)
+        self._held = None
+        with self.holding(priority=True):
+            self._call(RPC_STAGE, StageRequest(manifest, store.url, cache).to_wire())
+        deadline = time.monotonic() + HELD_TIMEOUT_S
+        while True:
+            with self.holding(priority=True):
+                replies = self._call(RPC_STAGED, manifest.version)
+            if all(reply is not None for reply in replies):
+                break
+            if time.monotonic() > deadline:
+                raise EngineError(f"the workers did not stage version {manifest.version} in {HELD_TIMEOUT_S:.0f} s")
+            time.sleep(HELD_POLL_S)
+        owned = sum(int(reply[2]) for reply in replies)
+        moved = sum((WeightsDigest.parse(reply[3]) for reply in replies), ZERO)
+        if owned != manifest.changed_total or str(WeightsDigest.parse(manifest.base_weights_digest) + moved) \
+                != manifest.weights_digest:
+            raise DigestMismatchError(f"the workers' slices of version {manifest.version} ({owned} elements) do not "
+                                      f"add up to its {manifest.changed_total} changes and digest")
+        self._held = (manifest.version, manifest.base_version)
+        self.last_held_stage_s = max(float(reply[4]) for reply in replies)
+        return True
+
+    def activate_held(self, staged: StagedDelta) -> bool:
+        """The batch boundary: one ``aurora_activate`` call (version and base only) writes what every worker
+        holds; ``False`` when the workers hold no such version on these weights (the caller pushes)."""
+        if self._held != (staged.version, staged.base_version) or self.version != staged.base_version:
+            return False
+        check_applicable(staged, self)
+        with self.holding(priority=True):  # anything queued goes first, and drops what the workers held
+            if self._held is None:
+                return False
+            self._held = None
+            try:
+                replies = self._call(RPC_ACTIVATE, staged.version, staged.base_version)
+            except AuroraError:
+                self.version = None  # some workers may have written: the weights are unknown
+                raise
+            self.version, self.digest = staged.version, WeightsDigest.parse(staged.weights_digest)
+            self.last_scatter_s = max(float(reply[1]) for reply in replies)
+            self._on_write()
+        return True
+
     def _send_pending(self) -> None:
         """Send queued writes (the caller holds the gate)."""
         if not self._pending:
             return
         updates, self._pending = self._pending, []
+        self._held = None  # the workers drop what they staged on the weights these writes change
         try:
             # vLLM's own weight-update session, served by the ``aurora`` backend in push mode: it writes the
             # changed elements in place with the same scatter core as a pull update (a failing update ends

@@ -30,9 +30,26 @@ RPC_GATHER = "aurora_gather"
 RPC_DIGEST = "aurora_digest"
 RPC_READ = "aurora_read"
 RPC_PARAMETERS = "aurora_parameters"
+RPC_STAGE = "aurora_stage"  # start staging a verified version in every worker (workers.vllm.held)
+RPC_STAGED = "aurora_staged"  # poll: each worker's summary once it holds its slice
+RPC_ACTIVATE = "aurora_activate"  # the batch boundary: write the held version (version and base only)
 
 #: One tensor's write on the wire: ``[name, index kind, index bytes, bits bytes]``.
 WireUpdate = list[Any]
+
+
+def payload_bytes(value: object) -> int:
+    """Bytes an RPC's arguments carry, counted the way msgpack lays them out (within a few bytes per item):
+    the length of every ``bytes`` and string, 8 per number, summed through lists, tuples and dicts."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return len(value)
+    if isinstance(value, str):
+        return len(value.encode())
+    if isinstance(value, list | tuple):
+        return sum(payload_bytes(item) for item in value)
+    if isinstance(value, dict):
+        return sum(payload_bytes(k) + payload_bytes(v) for k, v in value.items())
+    return 8
 
 
 def pack_indices(indices: torch.Tensor) -> tuple[str, bytes]:

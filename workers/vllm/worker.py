@@ -29,7 +29,8 @@ import torch
 from aurora_store.codec.digest import ZERO, WeightsDigest, hash_elements, hash_range
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.target import check_indices, check_values
-from aurora_store.errors import LayoutError
+from aurora_store.errors import BaseVersionMismatchError, LayoutError
+from workers.vllm.held import HeldStager, StageRequest, write_slice
 from workers.vllm.shards import Shard, bind_layout, permuted, slab_permutation
 from workers.vllm.wire import unpack_indices
 
@@ -200,7 +201,8 @@ class ModelTarget:
 
     Reads go straight to the parameters; :meth:`scatter` queues and :meth:`flush` writes everything queued
     with one :func:`scatter_in_place` call, which validates every update before the first write. ``written``
-    counts the elements written so far.
+    counts the elements written so far. ``held`` stages versions in this worker ahead of their activation
+    (:mod:`workers.vllm.held`); every write here drops what it held, which was staged on the old weights.
     """
 
     def __init__(self, layout: ModelLayout, model: torch.nn.Module, shards: Mapping[str, Shard],
@@ -210,6 +212,7 @@ class ModelTarget:
         self._shards = dict(shards)
         self._pending: list[Update] = []
         self.written = 0
+        self.held = HeldStager()
         self.version = version
         self.digest = self.full_digest()
 
@@ -225,6 +228,11 @@ class ModelTarget:
 
     def _params(self) -> dict[str, torch.Tensor]:
         return dict(self._model.named_parameters())
+
+    def _flats(self) -> Callable[[str], torch.Tensor]:
+        """Flat bits by name over the parameters as they are now (one lookup of the model's parameters)."""
+        params = self._params()
+        return lambda name: flat_bits(params, name, self._shards[self.layout[name].name])
 
     # --- reads -------------------------------------------------------------------------------------
 
@@ -261,9 +269,30 @@ class ModelTarget:
     def write(self, updates: Iterable[Update]) -> int:
         """Write ``updates`` now (validated before the first write; not queued); returns elements written.
         The caller keeps ``version`` and ``digest`` right."""
+        self.held.wrote()  # before the first write: a staging reading old bits now is never written
         written = scatter_in_place(self.layout, self._shards, self._params(), updates)
         self.written += written
         return written
+
+    # --- versions staged in this worker ------------------------------------------------------------
+
+    def stage_held(self, request: StageRequest) -> None:
+        """Start staging ``request``'s version in the background (only on the version this worker is at)."""
+        if request.manifest.base_version != self.version:
+            raise BaseVersionMismatchError(f"version {request.manifest.version} has base "
+                                           f"{request.manifest.base_version}, this worker is at {self.version}")
+        self.held.start(request, self.layout, self._shards, self._flats())
+
+    def write_held(self, version: int, base_version: int) -> tuple[int, float]:
+        """Write the held ``version`` in place if it was staged on ``base_version``, the version this worker
+        is at, with no write since; returns ``(elements written, seconds of the scatter itself)``."""
+        if base_version != self.version:
+            raise BaseVersionMismatchError(f"activating {version} on {base_version}, this worker is at {self.version}")
+        held = self.held.take(version, base_version)
+        written, seconds = write_slice(self._flats(), held)
+        self.written += written
+        self.version, self.digest = version, WeightsDigest.parse(held.weights_digest)
+        return written, seconds
 
     @property
     def pending(self) -> int:
@@ -325,6 +354,27 @@ class AuroraWorkerExtension:
         """This rank's share of the weights digest (the whole digest at TP=1), hashed from scratch."""
         layout, shards = self._aurora_bound()
         return str(digest_local(layout, shards, self._aurora_params()))
+
+    def _aurora_target(self) -> ModelTarget:
+        """The ``aurora`` backend's target in this worker (it tracks the version and every write)."""
+        target = getattr(getattr(self, "weight_transfer_engine", None), "target", None)
+        if not isinstance(target, ModelTarget):
+            raise LayoutError("the aurora backend is not initialised in this worker")
+        return target
+
+    def aurora_stage(self, request: list[Any]) -> None:
+        """Start staging a verified version from its bucket in the background (:mod:`workers.vllm.held`);
+        returns at once, so the engine keeps generating."""
+        self._aurora_target().stage_held(StageRequest.from_wire(request))
+
+    def aurora_staged(self, version: int) -> list[Any] | None:
+        """``None`` while ``version`` stages here; then ``[version, held, owned, digest share, seconds]``."""
+        return self._aurora_target().held.poll(version)
+
+    def aurora_activate(self, version: int, base_version: int) -> list[float]:
+        """The batch boundary: write the held ``version`` in place; ``[elements written, scatter seconds]``."""
+        written, seconds = self._aurora_target().write_held(version, base_version)
+        return [written, seconds]
 
     def aurora_read(self, names: list[str]) -> list[bytes]:
         """Full flat bits of the named tensors (TP=1; for checks and tests — O(tensor size))."""
