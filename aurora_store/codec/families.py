@@ -137,14 +137,16 @@ FAMILIES: dict[str, Family] = {
                                         checkpoint_names=("gate_proj", "up_proj", "down_proj"))),
     "mixtral": Family(experts=Experts("block_sparse_moe", "num_local_experts", "intermediate_size",
                                       checkpoint_names=("w1", "w3", "w2"))),
+    "gpt_oss": Family(qkv_bias="attention_bias", o_bias="attention_bias", sinks=True,
+                      renames=(("model.embed_tokens.", "model.embedding."), (".self_attn.", ".attn.")),
+                      experts=Experts("mlp", "num_local_experts", "intermediate_size", router="router",
+                                      router_bias=True, bias=True, stored="transposed")),
 }
 #: Aliases transformers uses for the same family.
 MODEL_TYPE_ALIASES = {"gemma3": "gemma3_text"}
 
 #: Families Aurora knows and refuses, with the reason (a clear error at step 0 beats a silent gap later).
 REFUSED: dict[str, str] = {
-    "gpt_oss": "its experts are stored transposed against vLLM's (transformers [E, H, 2·I] with gate and up "
-               "interleaved, vLLM w13 [E, 2·I, H]), and layouts carry row stacking only, no transposes",
     "deepseek_v2": "multi-head latent attention: vLLM derives absorbed tensors (W_UK, W_UV) from kv_b_proj "
                    "after loading, which in-place writes would leave stale",
     "deepseek_v3": "multi-head latent attention: vLLM derives absorbed tensors (W_UK, W_UV) from kv_b_proj "
