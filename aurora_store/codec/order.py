@@ -20,14 +20,25 @@ arithmetic on the flat indices, never a table: the experts of one gpt-oss-120b l
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from aurora_store.codec import jsondoc
 from aurora_store.errors import LayoutError
+
+
+def _on_host_or_device(arithmetic: Callable[[Any], Any], indices: torch.Tensor) -> torch.Tensor:
+    """``arithmetic`` (integer operators only) over int64 ``indices``: host indices through numpy, one
+    single-threaded pass per operator (torch's would wake the intra-op thread pool for every one of them, which
+    on a busy shared core costs more than the arithmetic); device indices where they are."""
+    if indices.device.type == "cpu":
+        result = arithmetic(indices.numpy().astype(np.int64, copy=False))
+        return torch.from_numpy(np.asarray(result, dtype=np.int64))
+    return arithmetic(indices.to(torch.int64))
 
 
 def _strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -87,24 +98,29 @@ class ElementOrder:
     def train_index(self, positions: torch.Tensor) -> torch.Tensor:
         """Flat storage index in the training tensor of each engine-order ``positions`` (int64, within the
         block: ``0 ≤ p < numel``)."""
-        view_strides = _strides(self.view)
-        rest = positions.to(torch.int64)
-        out = torch.zeros_like(rest)
-        for k in range(len(self.axes) - 1, 0, -1):
-            size = self.block_shape[k]
-            out += (rest % size) * view_strides[self.axes[k]]
-            rest = rest // size
-        return out + rest * view_strides[0]  # axis 0 is the rows, in place
+        return _on_host_or_device(self._train_index, positions)
 
     def engine_index(self, indices: torch.Tensor) -> torch.Tensor:
         """Engine-order position within the block of each flat training storage index (the inverse of
         :meth:`train_index`)."""
+        return _on_host_or_device(self._engine_index, indices)
+
+    def _train_index(self, rest: Any) -> Any:
+        # Unravel over the block's shape, last dim first; each digit steps by its view axis' storage stride.
+        view_strides = _strides(self.view)
+        out = 0
+        for k in range(len(self.axes) - 1, 0, -1):
+            size = self.block_shape[k]
+            out = out + (rest % size) * view_strides[self.axes[k]]
+            rest = rest // size
+        return out + rest * view_strides[0]  # axis 0 is the rows, in place
+
+    def _engine_index(self, rest: Any) -> Any:
         block_strides = _strides(self.block_shape)
         where = {axis: k for k, axis in enumerate(self.axes)}
-        rest = indices.to(torch.int64)
-        out = torch.zeros_like(rest)
+        out = 0
         for axis in range(len(self.view) - 1, 0, -1):
-            out += (rest % self.view[axis]) * block_strides[where[axis]]
+            out = out + (rest % self.view[axis]) * block_strides[where[axis]]
             rest = rest // self.view[axis]
         return out + rest * block_strides[0]
 

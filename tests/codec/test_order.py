@@ -120,3 +120,11 @@ def test_malformed_order_documents_are_layout_errors(entry, match):
     doc["tensors"][0]["components"] = [entry]
     with pytest.raises(LayoutError, match=match):
         ModelLayout.from_json(doc)
+
+
+def test_the_benchmark_measures_an_exact_reordering():
+    from benchmarks.element_order import measure
+
+    result = measure(experts=2, hidden=24, inter=16, density=0.05, repeat=1)
+    assert result["bit_exact"] and result["shape"] == [2, 24, 32] and result["engine_shape"] == [2, 32, 24]
+    assert result["changed"] == int(2 * 24 * 32 * 0.05) and result["scatter_ordered_s"] > 0
