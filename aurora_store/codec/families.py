@@ -312,8 +312,8 @@ def _expert_specs(experts: Experts, config: Mapping[str, Any], p: str, hidden: i
 def _expert_orders(experts: Experts, count: int, inter: int, hidden: int
                    ) -> tuple[ElementOrder | None, ElementOrder | None, ElementOrder | None]:
     """Element orders of the trainer's ``gate_up_proj``, ``down_proj`` and ``gate_up_proj_bias`` in vLLM's
-    ``w13_weight`` ``[E, 2·I, H]`` (gate rows, then up rows, per expert), ``w2_weight`` ``[E, H, I]`` and
-    ``w13_bias`` ``[E, 2·I]`` (``None``: storage order)."""
+    ``w13_weight`` ``[E, 2·I, H]``, ``w2_weight`` ``[E, H, I]`` and ``w13_bias`` ``[E, 2·I]`` (``None``: storage
+    order). Gate and up keep the trainer's arrangement unless ``deinterleave`` says the engine splits them."""
     gate_up: ElementOrder | None = None
     down: ElementOrder | None = None
     bias: ElementOrder | None = None
