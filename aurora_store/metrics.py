@@ -80,12 +80,6 @@ class Metrics:
         self.results = Counter("aurora_results_received", "Results and lease returns received", registry=r)
         self.rollouts = Counter("aurora_rollouts", "Settled rollouts by outcome and reason", ["outcome", "reason"],
                                 registry=r)
-        # Neither is a settlement of a received result, so neither is in ``aurora_rollouts``: that keeps
-        # results received == rollouts settled + leases returned, an identity a scrape can check.
-        self.taken_back = Counter("aurora_rollouts_taken_back", "Accepted rollouts taken out of their step by a "
-                                  "later check, by reason", ["reason"], registry=r)
-        self.registrations_refused = Counter("aurora_registrations_refused", "Actor registrations seen without a "
-                                             "valid admission proof (counted at every membership read)", registry=r)
         self.share = Gauge("aurora_scheduler_share", "Prompts allocated to an actor in the latest step", ["actor"],
                            registry=r)
         self.throughput_estimate = Gauge("aurora_throughput_estimate", "Scheduler's tokens/s estimate", ["actor"],

@@ -26,6 +26,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "logprob_check": ("benchmarks.logprob_check", "trainer's logprob check: honest bf16 noise, false rejections, "
                                                   "forged rollouts refused"),
     "scale": ("benchmarks.scale", "publish / activate / snapshot at real Qwen3 sizes, growth exponents"),
+    "element_order": ("benchmarks.element_order", "gpt-oss-shaped experts: an element order's reordering copy and "
+                                                  "position map vs a memcpy and a plain scatter"),
     "wan": ("benchmarks.wan_bench.cli", "delivery over emulated cross-region links: delta vs full, streams, "
                                         "cut-through, relays, end to end (needs root)"),
 }

@@ -40,6 +40,9 @@ def cmd_layout(args: argparse.Namespace) -> int:
             shown = " + ".join(sources)
         if sources == [tensor.name]:
             shown = "="
+        order = tensor.components[0].order if len(tensor.components) == 1 else None
+        if order is not None:  # stored in another order than the engine's (gpt-oss's transposed experts)
+            shown += f" {list(order.shape)} as {list(order.view)}, axes {list(order.axes)}"
         print(f"{tensor.name}  {list(tensor.shape)}  ← {shown}")
     for alias, target in layout.aliases:
         print(f"{alias}  tied to {target} (not shipped)")

@@ -13,6 +13,13 @@ checkpoint* holds one 2-D tensor per expert and projection (``experts.N.gate_pro
 ``experts.N.w1.weight``), which stack into the same engine tensor row block by row block. Dense families
 have one name set.
 
+Some families store their experts in an order of their own: gpt-oss holds each expert *transposed*
+(``gate_up_proj`` ``[E, H, 2·I]``, ``down_proj`` ``[E, I, H]``, in memory and in checkpoints alike), with gate and
+up columns alternating — which vLLM keeps (its ``swigluoai`` activation reads ``x[..., ::2]`` and ``x[..., 1::2]``),
+so only the transpose is a fact, not a de-interleave. Such a component carries an
+:class:`~aurora_store.codec.order.ElementOrder`; the engine's names differ from the trainer's too
+(``self_attn`` → ``attn``, ``embed_tokens`` → ``embedding``: :attr:`Family.renames`).
+
 This module knows nothing of tensors: it returns :class:`TensorSpec` values that
 :class:`~aurora_store.codec.layout.ModelLayout` turns into its inference tensors.
 """
@@ -23,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from aurora_store.codec.order import ElementOrder
 from aurora_store.errors import LayoutError, UnsupportedModelError
 
 NameSet = Literal["memory", "checkpoint"]
@@ -40,6 +48,12 @@ class TensorSpec:
     shape: tuple[int, ...]
     components: tuple[tuple[str, int], ...]
     stack_dims: int = 1
+    #: The element order of the one component, when it is not storage order (transposed experts).
+    order: ElementOrder | None = None
+
+    def __post_init__(self) -> None:
+        if self.order is not None and len(self.components) != 1:
+            raise LayoutError(f"{self.name}: an element order applies to a tensor of one component")
 
 
 @dataclass(frozen=True)
@@ -48,13 +62,31 @@ class Experts:
 
     #: The decoder layer's MoE module, as vLLM and the saved checkpoint name it.
     block: str
-    #: Checkpoint names of each expert's gate, up and down projections (vLLM's expert-parameter mapping).
-    checkpoint_names: tuple[str, str, str]
     #: Config fields: number of routed experts, each expert's intermediate size.
     count_key: str
     inter_key: str
     #: Which layers are sparse: "all", or "step" (Qwen-MoE's ``decoder_sparse_step`` and ``mlp_only_layers``).
     sparse_layers: Literal["all", "step"] = "all"
+    #: The router's module name under ``block`` (vLLM's and the trainer's alike), and whether it has a bias.
+    router: str = "gate"
+    router_bias: bool = False
+    #: Per-expert biases (``gate_up_proj_bias`` ``[E, 2·I]``, ``down_proj_bias`` ``[E, H]``; vLLM's ``w13_bias``,
+    #: ``w2_bias``).
+    bias: bool = False
+    #: How the trainer's 3-D expert tensors are ordered: as vLLM's (``[E, 2·I, H]``, ``[E, H, I]``), or each
+    #: expert transposed (``[E, H, 2·I]``, ``[E, I, H]``: gpt-oss).
+    stored: Literal["engine", "transposed"] = "engine"
+    #: The trainer alternates gate and up (columns when transposed, else rows) where the engine wants all gate
+    #: rows then all up rows. (gpt-oss alternates, and so does vLLM's gpt-oss: False.)
+    deinterleave: bool = False
+    #: Checkpoint names of each expert's gate, up and down projections (vLLM's expert-parameter mapping);
+    #: ``None``: saved checkpoints hold the same 3-D tensors as memory.
+    checkpoint_names: tuple[str, str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_names is not None and (self.stored != "engine" or self.deinterleave or self.bias):
+            # Per-expert 2-D tensors stack in storage order; a family that needs more has to say how.
+            raise LayoutError("per-expert checkpoint names go with experts stored in vLLM's order, without biases")
 
 
 @dataclass(frozen=True)
@@ -75,6 +107,15 @@ class Family:
     #: ``tie_word_embeddings`` when the config does not say (transformers' default for the family).
     tied_default: bool = False
     experts: Experts | None = None
+    #: A learned logit per attention head that takes part in the softmax (``self_attn.sinks`` ``[heads]``).
+    sinks: bool = False
+    #: Engine name = trainer name with each ``(old, new)`` substring replaced (vLLM's ``hf_to_vllm_mapper``).
+    renames: tuple[tuple[str, str], ...] = ()
+
+    def engine_name(self, train_name: str) -> str:
+        for old, new in self.renames:
+            train_name = train_name.replace(old, new)
+        return train_name
 
 
 _SANDWICH = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
@@ -92,18 +133,20 @@ FAMILIES: dict[str, Family] = {
     "olmo2": Family(qk_norm="projection", layer_norms=("post_attention_layernorm", "post_feedforward_layernorm")),
     "olmo3": Family(qk_norm="projection", layer_norms=("post_attention_layernorm", "post_feedforward_layernorm")),
     "qwen3_moe": Family(qkv_bias="attention_bias", qk_norm="head",
-                        experts=Experts("mlp", ("gate_proj", "up_proj", "down_proj"), "num_experts",
-                                        "moe_intermediate_size", sparse_layers="step")),
-    "mixtral": Family(experts=Experts("block_sparse_moe", ("w1", "w3", "w2"), "num_local_experts",
-                                      "intermediate_size")),
+                        experts=Experts("mlp", "num_experts", "moe_intermediate_size", sparse_layers="step",
+                                        checkpoint_names=("gate_proj", "up_proj", "down_proj"))),
+    "mixtral": Family(experts=Experts("block_sparse_moe", "num_local_experts", "intermediate_size",
+                                      checkpoint_names=("w1", "w3", "w2"))),
+    "gpt_oss": Family(qkv_bias="attention_bias", o_bias="attention_bias", sinks=True,
+                      renames=(("model.embed_tokens.", "model.embedding."), (".self_attn.", ".attn.")),
+                      experts=Experts("mlp", "num_local_experts", "intermediate_size", router="router",
+                                      router_bias=True, bias=True, stored="transposed")),
 }
 #: Aliases transformers uses for the same family.
 MODEL_TYPE_ALIASES = {"gemma3": "gemma3_text"}
 
 #: Families Aurora knows and refuses, with the reason (a clear error at step 0 beats a silent gap later).
 REFUSED: dict[str, str] = {
-    "gpt_oss": "its experts are stored transposed against vLLM's (transformers [E, H, 2·I] with gate and up "
-               "interleaved, vLLM w13 [E, 2·I, H]), and layouts carry row stacking only, no transposes",
     "deepseek_v2": "multi-head latent attention: vLLM derives absorbed tensors (W_UK, W_UV) from kv_b_proj "
                    "after loading, which in-place writes would leave stale",
     "deepseek_v3": "multi-head latent attention: vLLM derives absorbed tensors (W_UK, W_UV) from kv_b_proj "
@@ -170,10 +213,10 @@ def decoder_specs(config: Mapping[str, Any], names: NameSet = "memory",
     q_rows, kv_rows = heads * head_dim, kv_heads * head_dim
 
     def single(name: str, shape: tuple[int, ...]) -> TensorSpec:
-        return TensorSpec(name, shape, ((name, shape[0]),))
+        return TensorSpec(family.engine_name(name), shape, ((name, shape[0]),))
 
     def stacked(name: str, parts: list[tuple[str, int]], tail: tuple[int, ...]) -> TensorSpec:
-        return TensorSpec(name, (sum(rows for _, rows in parts), *tail), tuple(parts))
+        return TensorSpec(family.engine_name(name), (sum(rows for _, rows in parts), *tail), tuple(parts))
 
     def kinds(bias: bool) -> tuple[str, ...]:
         return ("weight", "bias") if bias else ("weight",)
@@ -193,6 +236,8 @@ def decoder_specs(config: Mapping[str, Any], names: NameSet = "memory",
         specs.append(single(f"{a}o_proj.weight", (hidden, q_rows)))
         if _present(family.o_bias, config):
             specs.append(single(f"{a}o_proj.bias", (hidden,)))
+        if family.sinks:
+            specs.append(single(f"{a}sinks", (heads,)))
         if family.qk_norm == "head":
             specs += [single(f"{a}q_norm.weight", (head_dim,)), single(f"{a}k_norm.weight", (head_dim,))]
         elif family.qk_norm == "projection":
@@ -218,13 +263,14 @@ def _dense_mlp_specs(family: Family, config: Mapping[str, Any], m: str, hidden: 
         tail = (hidden,) if kind == "weight" else ()
         name = f"{m}gate_up_proj.{kind}"
         if family.mlp == "fused":
-            specs.append(TensorSpec(name, (2 * inter, *tail), ((name, 2 * inter),)))
+            specs.append(TensorSpec(family.engine_name(name), (2 * inter, *tail), ((name, 2 * inter),)))
         else:
-            specs.append(TensorSpec(name, (2 * inter, *tail), ((f"{m}gate_proj.{kind}", inter),
-                                                              (f"{m}up_proj.{kind}", inter))))
-    specs.append(TensorSpec(f"{m}down_proj.weight", (hidden, inter), ((f"{m}down_proj.weight", hidden),)))
+            specs.append(TensorSpec(family.engine_name(name), (2 * inter, *tail),
+                                    ((f"{m}gate_proj.{kind}", inter), (f"{m}up_proj.{kind}", inter))))
+    down = f"{m}down_proj."
+    specs.append(TensorSpec(family.engine_name(down + "weight"), (hidden, inter), ((down + "weight", hidden),)))
     if bias:
-        specs.append(TensorSpec(f"{m}down_proj.bias", (hidden,), ((f"{m}down_proj.bias", hidden),)))
+        specs.append(TensorSpec(family.engine_name(down + "bias"), (hidden,), ((down + "bias", hidden),)))
     return specs
 
 
@@ -235,18 +281,50 @@ def _expert_specs(experts: Experts, config: Mapping[str, Any], p: str, hidden: i
     block = p + experts.block + "."
     engine = block + "experts.routed_experts."
     w13, w2 = (count, 2 * inter, hidden), (count, hidden, inter)
-    router = TensorSpec(block + "gate.weight", (count, hidden),
-                        ((p + ("mlp" if names == "memory" else experts.block) + ".gate.weight", count),))
-    if names == "memory":
-        # transformers 5 holds each projection of all experts as one tensor, in vLLM's own order.
+    per_expert = names == "checkpoint" and experts.checkpoint_names is not None
+    router_at = p + (experts.block if per_expert else "mlp") + f".{experts.router}."
+    specs = [TensorSpec(block + f"{experts.router}.weight", (count, hidden), ((router_at + "weight", count),))]
+    if experts.router_bias:
+        specs.append(TensorSpec(block + f"{experts.router}.bias", (count,), ((router_at + "bias", count),)))
+    if not per_expert:
+        # transformers 5 holds each projection of all experts as one tensor, in vLLM's own order or its own.
         mem = p + "mlp.experts."
-        return [router, TensorSpec(engine + "w13_weight", w13, ((mem + "gate_up_proj", count),)),
-                TensorSpec(engine + "w2_weight", w2, ((mem + "down_proj", count),))]
+        order13, order2, order13_bias = _expert_orders(experts, count, inter, hidden)
+        specs.append(TensorSpec(engine + "w13_weight", w13, ((mem + "gate_up_proj", count),), order=order13))
+        if experts.bias:
+            specs.append(TensorSpec(engine + "w13_bias", (count, 2 * inter), ((mem + "gate_up_proj_bias", count),),
+                                    order=order13_bias))
+        specs.append(TensorSpec(engine + "w2_weight", w2, ((mem + "down_proj", count),), order=order2))
+        if experts.bias:
+            specs.append(TensorSpec(engine + "w2_bias", (count, hidden), ((mem + "down_proj_bias", count),)))
+        return specs
+    assert experts.checkpoint_names is not None
     gate, up, down = experts.checkpoint_names
     ckpt = block + "experts."
     # Per expert, gate rows then up rows (vLLM's shard ids w1, w3); stacked over experts × rows.
     w13_parts = tuple(part for e in range(count)
                       for part in ((f"{ckpt}{e}.{gate}.weight", inter), (f"{ckpt}{e}.{up}.weight", inter)))
     w2_parts = tuple((f"{ckpt}{e}.{down}.weight", hidden) for e in range(count))
-    return [router, TensorSpec(engine + "w13_weight", w13, w13_parts, stack_dims=2),
+    return [*specs, TensorSpec(engine + "w13_weight", w13, w13_parts, stack_dims=2),
             TensorSpec(engine + "w2_weight", w2, w2_parts, stack_dims=2)]
+
+
+def _expert_orders(experts: Experts, count: int, inter: int, hidden: int
+                   ) -> tuple[ElementOrder | None, ElementOrder | None, ElementOrder | None]:
+    """Element orders of the trainer's ``gate_up_proj``, ``down_proj`` and ``gate_up_proj_bias`` in vLLM's
+    ``w13_weight`` ``[E, 2·I, H]``, ``w2_weight`` ``[E, H, I]`` and ``w13_bias`` ``[E, 2·I]`` (``None``: storage
+    order). Gate and up keep the trainer's arrangement unless ``deinterleave`` says the engine splits them."""
+    gate_up: ElementOrder | None = None
+    down: ElementOrder | None = None
+    bias: ElementOrder | None = None
+    if experts.stored == "transposed":
+        shape = (count, hidden, 2 * inter)
+        # [E, H, 2I] → [E, 2I, H]; with alternating columns split as (I, 2), the pair index becomes the block.
+        gate_up = (ElementOrder(shape, (count, hidden, inter, 2), (0, 3, 2, 1)) if experts.deinterleave
+                   else ElementOrder(shape, shape, (0, 2, 1)))
+        down = ElementOrder((count, inter, hidden), (count, inter, hidden), (0, 2, 1))
+    elif experts.deinterleave:
+        gate_up = ElementOrder((count, 2 * inter, hidden), (count, inter, 2, hidden), (0, 2, 1, 3))
+    if experts.deinterleave:
+        bias = ElementOrder((count, 2 * inter), (count, inter, 2), (0, 2, 1))
+    return gate_up, down, bias

@@ -6,7 +6,10 @@ expressed in the *inference* layout so actors can scatter it straight into the e
 flat index of element ``(r, c)`` of component ``k`` is ``(row_offset_k + r) * row_size + c``. Routed experts
 stack the same way into 3-D tensors: with ``stack_dims = 2`` the first two dims of ``[E, R, C]`` form the row
 axis, so expert ``e``'s per-expert 2-D tensors occupy rows ``e·R + …`` (see :mod:`aurora_store.codec.families`,
-which holds the per-architecture facts).
+which holds the per-architecture facts). A component whose elements the engine holds in another order than the
+trainer stores them (gpt-oss's transposed experts) carries an :class:`~aurora_store.codec.order.ElementOrder`:
+its block of the inference tensor is the training tensor in that order, and the flat index above applies to
+the block, not to the training tensor's storage.
 
 The layout is derived from the model config alone, so trainer and actor agree on it without exchanging
 tensors, and it is identified by a fingerprint (SHA-256 over its canonical JSON) that every manifest
@@ -28,6 +31,7 @@ import torch
 
 from aurora_store.codec import jsondoc
 from aurora_store.codec.families import Family, NameSet, decoder_specs
+from aurora_store.codec.order import ElementOrder
 from aurora_store.codec.segment import MAX_NAME_BYTES
 from aurora_store.errors import LayoutCoverageError, LayoutError, UnsupportedDtypeError
 
@@ -46,11 +50,13 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 @dataclass(frozen=True)
 class Component:
-    """One training tensor that occupies rows ``[row_offset, row_offset + rows)`` of an inference tensor."""
+    """One training tensor that occupies rows ``[row_offset, row_offset + rows)`` of an inference tensor, in
+    storage order or, with an ``order``, in that element order (each training row one row of the block)."""
 
     train_name: str
     row_offset: int
     rows: int
+    order: ElementOrder | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,9 @@ class InferenceTensor:
         return len(self.components) > 1
 
     def component_shape(self, component: Component) -> tuple[int, ...]:
+        """The training tensor's own shape."""
+        if component.order is not None:
+            return component.order.shape
         return (component.rows, *self.shape[self.stack_dims:])
 
     def component_span(self, component: Component) -> tuple[int, int]:
@@ -126,6 +135,10 @@ class ModelLayout:
             for comp in tensor.components:
                 if comp.row_offset != expected or comp.rows < 0:
                     raise LayoutError(f"{tensor.name}: components must tile dim 0 in order")
+                order = comp.order
+                if order is not None and (order.shape[0] != comp.rows or order.numel != comp.rows * tensor.row_size):
+                    raise LayoutError(f"{tensor.name}: {comp.train_name}'s element order over shape {order.shape} "
+                                      f"does not fill its {comp.rows} rows of {tensor.row_size} elements")
                 expected += comp.rows
             if expected != tensor.rows:
                 raise LayoutError(f"{tensor.name}: components cover {expected} of {tensor.rows} rows")
@@ -182,7 +195,9 @@ class ModelLayout:
                     "name": t.name,
                     "shape": list(t.shape),
                     "dtype": t.dtype,
-                    "components": [[c.train_name, c.rows] for c in t.components],
+                    # An element order is a third entry, only where there is one (older fingerprints unchanged).
+                    "components": [[c.train_name, c.rows, *([c.order.to_json()] if c.order else [])]
+                                   for c in t.components],
                     # Written only when not 1, so layouts without expert stacking keep their fingerprints.
                     **({"stack_dims": t.stack_dims} if t.stack_dims != 1 else {}),
                 }
@@ -200,9 +215,12 @@ class ModelLayout:
             for t in doc["tensors"]:
                 offset = 0
                 comps = []
-                for train_name, rows in t["components"]:
-                    rows = jsondoc.integer(rows, "component rows", LayoutError)
-                    comps.append(Component(jsondoc.text(train_name, "component name", LayoutError), offset, rows))
+                for entry in t["components"]:
+                    if not isinstance(entry, list) or len(entry) not in (2, 3):
+                        raise LayoutError(f"a component is [name, rows] or [name, rows, order], not {str(entry)[:80]}")
+                    rows = jsondoc.integer(entry[1], "component rows", LayoutError)
+                    order = ElementOrder.from_json(entry[2]) if len(entry) == 3 else None
+                    comps.append(Component(jsondoc.text(entry[0], "component name", LayoutError), offset, rows, order))
                     offset += rows
                 shape = tuple(jsondoc.integer(d, "shape dimension", LayoutError) for d in t["shape"])
                 stack_dims = jsondoc.integer(t.get("stack_dims", 1), "stack_dims", LayoutError)
@@ -236,7 +254,7 @@ class ModelLayout:
         for spec in specs:
             comps, offset = [], 0
             for train_name, rows in spec.components:
-                comps.append(Component(train_name, offset, rows))
+                comps.append(Component(train_name, offset, rows, spec.order))
                 offset += rows
             tensors.append(InferenceTensor(spec.name, spec.shape, tuple(comps), dtype, spec.stack_dims))
         return cls(tuple(tensors), aliases)
@@ -320,26 +338,30 @@ class ModelLayout:
             raise LayoutError("state does not match layout: " + "; ".join(problems))
 
     def pieces(self, state: Mapping[str, torch.Tensor]) -> Iterator[tuple[InferenceTensor, int, torch.Tensor]]:
-        """Yield ``(inference tensor, flat offset, flat 16-bit view)`` for every training tensor, in layout
-        order, without materialising fused tensors."""
+        """Yield ``(inference tensor, flat offset, flat 16-bit bits in engine order)`` for every training tensor,
+        in layout order, without materialising fused tensors (a view of each, or a copy of one in an element
+        order of its own)."""
         self.check_state(state)
         for tensor in self.tensors:
             for comp in tensor.components:
                 lo, _ = tensor.component_span(comp)
-                yield tensor, lo, bits_view(state[comp.train_name])
+                yield tensor, lo, engine_bits(comp, state[comp.train_name])
 
     def fuse(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Inference-layout tensors (new storage for fused ones) from training-layout ``state``."""
         self.check_state(state)
         fused: dict[str, torch.Tensor] = {}
         for tensor in self.tensors:
-            parts = [state[c.train_name].reshape(tensor.component_shape(c)) for c in tensor.components]
+            parts = [state[c.train_name].reshape(tensor.component_shape(c)) if c.order is None else
+                     c.order.to_engine(state[c.train_name]).reshape((c.rows, *tensor.shape[tensor.stack_dims:]))
+                     for c in tensor.components]
             whole = parts[0].clone() if len(parts) == 1 else torch.cat(parts, dim=0)
             fused[tensor.name] = whole.reshape(tensor.shape)
         return fused
 
     def split(self, fused: Mapping[str, torch.Tensor], *, include_aliases: bool = False) -> dict[str, torch.Tensor]:
-        """Training-layout tensors (views) from inference-layout ``fused`` tensors."""
+        """Training-layout tensors from inference-layout ``fused`` tensors: views, except copies for
+        components in an element order of their own."""
         missing = [t.name for t in self.tensors if t.name not in fused]
         unexpected = [n for n in fused if n not in self]
         if missing or unexpected:
@@ -352,7 +374,8 @@ class ModelLayout:
                 raise LayoutError(f"{tensor.name}: shape {tuple(full.shape)} != {tensor.shape}")
             full = full.reshape((tensor.rows, *tensor.shape[tensor.stack_dims:]))
             for comp in tensor.components:
-                out[comp.train_name] = full[comp.row_offset: comp.row_offset + comp.rows]
+                block = full[comp.row_offset: comp.row_offset + comp.rows]
+                out[comp.train_name] = block if comp.order is None else comp.order.to_train(block)
         if include_aliases:
             for alias, target in self.aliases:
                 out[alias] = out[target]
@@ -363,6 +386,13 @@ def bits_view(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor's elements as a flat int16 view of their bit patterns (no copy when contiguous)."""
     dtype_name(tensor.dtype)
     return tensor.detach().contiguous().view(torch.int16).reshape(-1)
+
+
+def engine_bits(component: Component, tensor: torch.Tensor) -> torch.Tensor:
+    """The flat 16-bit patterns of training tensor ``component`` (or a run of its rows: a rank's shard) in the
+    engine's element order: a view in storage order, a copy in an element order of the component's own."""
+    bits = bits_view(tensor)
+    return bits if component.order is None else component.order.to_engine(bits)
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -4,9 +4,11 @@ what several ranks encoded into one delta.
 A data-parallel trainer (FSDP2) shards every parameter on dim 0, so a rank owns rows ``[start, stop)`` of
 each training tensor. Fused inference tensors stack their components along dim 0, so those rows are one
 contiguous flat range of the fused tensor: ``[(row_offset + start) · row_size, (row_offset + stop) · row_size)``.
-Each rank can therefore diff, hash and encode exactly the elements it owns without seeing anyone else's,
-and the per-rank results (:class:`DeltaPart`) merge into one manifest: the digest is additive and the
-chunks of one tensor written by different ranks cover disjoint ranges, which decoders sort by ``lo``.
+Each rank can therefore diff, hash and encode exactly the elements it owns without seeing anyone else's
+(a component in an element order of its own, :mod:`aurora_store.codec.order`, keeps each training row one row
+of its block, so a rank puts its own rows in engine order first), and the per-rank results
+(:class:`DeltaPart`) merge into one manifest: the digest is additive and the chunks of one tensor written by
+different ranks cover disjoint ranges, which decoders sort by ``lo``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 
 from aurora_store.codec.digest import ZERO, WeightsDigest, hash_range
 from aurora_store.codec.encoder import Piece
-from aurora_store.codec.layout import InferenceTensor, ModelLayout, bits_view
+from aurora_store.codec.layout import InferenceTensor, ModelLayout, engine_bits
 from aurora_store.codec.manifest import SegmentRef
 from aurora_store.errors import LayoutError, ManifestError
 
@@ -67,7 +69,7 @@ def _check_rows(layout: ModelLayout, rows: Mapping[str, LocalRows]) -> None:
     for name, local in rows.items():
         tensor, comp = layout.locate(name)
         tail = tuple(local.tensor.shape[1:]) if local.tensor.dim() else ()
-        if tail != tensor.shape[1:]:
+        if tail != tensor.component_shape(comp)[1:]:
             raise LayoutError(f"{name}: local rows have shape {tuple(local.tensor.shape)}, rows of "
                               f"{tensor.component_shape(comp)} expected")
         row_span(layout, name, local.start, local.rows)
@@ -85,7 +87,8 @@ def row_pieces(layout: ModelLayout, old: Mapping[str, LocalRows], new: Mapping[s
         if b.rows == 0:
             continue
         tensor, lo, _ = row_span(layout, name, b.start, b.rows)
-        yield Piece(tensor, lo, bits_view(a.tensor), bits_view(b.tensor))
+        comp = layout.locate(name)[1]
+        yield Piece(tensor, lo, engine_bits(comp, a.tensor), engine_bits(comp, b.tensor))
 
 
 def rows_digest(layout: ModelLayout, rows: Mapping[str, LocalRows]) -> WeightsDigest:
@@ -97,7 +100,7 @@ def rows_digest(layout: ModelLayout, rows: Mapping[str, LocalRows]) -> WeightsDi
         local = rows[name]
         if local.rows:
             tensor, lo, _ = row_span(layout, name, local.start, local.rows)
-            total = total + hash_range(tensor.name, lo, bits_view(local.tensor))
+            total = total + hash_range(tensor.name, lo, engine_bits(layout.locate(name)[1], local.tensor))
     return total
 
 

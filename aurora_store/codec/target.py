@@ -24,6 +24,7 @@ import torch
 
 from aurora_store.codec.digest import WeightsDigest, digest_pieces
 from aurora_store.codec.layout import InferenceTensor, ModelLayout, bits_view
+from aurora_store.codec.order import ElementOrder
 from aurora_store.errors import LayoutError
 
 
@@ -32,6 +33,17 @@ class _Piece:
     lo: int
     hi: int
     bits: torch.Tensor  # flat int16 view sharing storage with the real parameter
+    # The training tensor's element order when it is not the engine's (gpt-oss's transposed experts): a
+    # position in the piece is then mapped to its storage index, never by a table.
+    order: ElementOrder | None = None
+
+    def storage(self, positions: torch.Tensor) -> torch.Tensor:
+        """Storage indices in ``bits`` of engine-order ``positions`` within the piece."""
+        return positions if self.order is None else self.order.train_index(positions)
+
+    def engine_bits(self) -> torch.Tensor:
+        """The piece's bits in engine order (the view itself, or a copy)."""
+        return self.bits if self.order is None else self.order.to_engine(self.bits)
 
 
 @dataclass(frozen=True)
@@ -155,6 +167,7 @@ class TensorTarget:
             if covered != tensor.numel:
                 raise LayoutError(f"{tensor.name}: target covers {covered} of {tensor.numel} elements")
         self._bounds = {name: [p.lo for p in spans] for name, spans in self._pieces.items()}
+        self._ordered = {name for name, spans in self._pieces.items() if any(p.order for p in spans)}
         self.version = version
         self.digest = digest if digest is not None else self.full_digest()
 
@@ -169,13 +182,20 @@ class TensorTarget:
             spans = []
             for comp in tensor.components:
                 lo, hi = tensor.component_span(comp)
-                spans.append(_Piece(lo, hi, _writable_bits(state[comp.train_name], comp.train_name)))
+                spans.append(_Piece(lo, hi, _writable_bits(state[comp.train_name], comp.train_name), comp.order))
             pieces[tensor.name] = spans
         return cls(layout, pieces, **kw)
 
     # --- access ----------------------------------------------------------------------------------
 
     def _split(self, name: str, indices: torch.Tensor) -> list[tuple[_Piece, torch.Tensor, slice]]:
+        """``(piece, storage indices in it, slice of the input)`` for sorted flat ``indices`` of ``name``."""
+        parts = self._cut(name, indices)
+        if name in self._ordered:
+            return [(piece, piece.storage(local), where) for piece, local, where in parts]
+        return parts
+
+    def _cut(self, name: str, indices: torch.Tensor) -> list[tuple[_Piece, torch.Tensor, slice]]:
         spans = self._pieces[name]
         if len(spans) == 1:
             return [(spans[0], indices, slice(None))]
@@ -248,16 +268,16 @@ class TensorTarget:
         check_indices(self.layout, name, torch.tensor([index]))
         spans = self._pieces[name]
         piece = spans[bisect_right(self._bounds[name], index) - 1]
-        return int(piece.bits[index - piece.lo])
+        return int(piece.bits[piece.storage(torch.tensor([index - piece.lo]))[0]])
 
     def full_digest(self) -> WeightsDigest:
         """From-scratch digest of the current weights (O(model size))."""
-        return digest_pieces((name, p.lo, p.bits) for name, spans in self._pieces.items() for p in spans)
+        return digest_pieces((name, p.lo, p.engine_bits()) for name, spans in self._pieces.items() for p in spans)
 
     def fused_bits(self, name: str) -> torch.Tensor:
         """A copy of inference tensor ``name``'s bits, flat, on the host (for checks and tests)."""
         self.layout[name]
-        return torch.cat([p.bits.cpu() for p in self._pieces[name]])
+        return torch.cat([p.engine_bits().cpu() for p in self._pieces[name]])
 
 
 def _writable_bits(tensor: torch.Tensor, name: str) -> torch.Tensor:

@@ -25,7 +25,7 @@ from safetensors.torch import save as save_safetensors
 from aurora_store.codec import jsondoc
 from aurora_store.codec.digest import ZERO, WeightsDigest, digest_pieces
 from aurora_store.codec.document import SignedDocument
-from aurora_store.codec.layout import ModelLayout, bits_view
+from aurora_store.codec.layout import ModelLayout, engine_bits
 from aurora_store.codec.manifest import signature_of
 from aurora_store.errors import (
     DigestMismatchError,
@@ -292,7 +292,7 @@ def load_snapshot(store: DeltaStore, version: int, layout: ModelLayout, *,
             # Anything of the wrong shape or width is left to check_state below, which names the problem.
             if where is not None and tensor.element_size() == 2 and \
                     tuple(tensor.shape) == tuple(where[0].component_shape(where[1])):
-                pieces.append((where[0].name, where[0].component_span(where[1])[0], bits_view(tensor)))
+                pieces.append((where[0].name, where[0].component_span(where[1])[0], engine_bits(where[1], tensor)))
         return tensors, digest_pieces(pieces, threads=threads)
 
     actual = ZERO

@@ -26,6 +26,19 @@ def test_prints_the_layout_and_its_fingerprint(tmp_path, capsys):
     assert len(out.splitlines()) == len(layout.tensors) + 1
 
 
+def test_a_component_in_an_order_of_its_own_says_so(tmp_path, capsys):
+    gpt_oss = {"model_type": "gpt_oss", "hidden_size": 64, "intermediate_size": 48, "num_local_experts": 4,
+               "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+               "vocab_size": 100, "attention_bias": True}
+    (tmp_path / "config.json").write_text(json.dumps(gpt_oss))
+    assert main(["layout", "--config", str(tmp_path / "config.json")]) == 0
+    out = capsys.readouterr().out
+    assert ("model.layers.0.mlp.experts.routed_experts.w13_weight  [4, 96, 64]  ← "
+            "model.layers.0.mlp.experts.gate_up_proj [4, 64, 96] as [4, 64, 96], axes [0, 2, 1]") in out
+    assert "model.embedding.weight  [100, 64]  ← model.embed_tokens.weight\n" in out
+    assert "model.layers.0.attn.sinks  [4]  ← model.layers.0.self_attn.sinks\n" in out
+
+
 def test_json_with_checkpoint_names_round_trips(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps(MOE))
     assert main(["layout", "--config", str(tmp_path / "config.json"), "--names", "checkpoint", "--json"]) == 0

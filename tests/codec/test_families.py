@@ -63,6 +63,72 @@ def test_stack_dims_round_trip_and_dense_fingerprints_are_unchanged():
         ModelLayout.from_json(doc)
 
 
+#: Every family's layout fingerprint as computed before components could carry an element order (commit
+#: 70e8d3a): the new optional field must leave every existing layout document byte for byte as it was.
+PINNED_FINGERPRINTS = {
+    "gemma3/memory": "e242f877afdf3044aca37759cf38a59d8aa579b3a4e352323db8c478620ba814",
+    "gemma3/checkpoint": "e242f877afdf3044aca37759cf38a59d8aa579b3a4e352323db8c478620ba814",
+    "llama/memory": "170b6185ff875f3bd7704fc314672616c2f7b8db5847fa3a84cfacbbd7df3473",
+    "llama/checkpoint": "170b6185ff875f3bd7704fc314672616c2f7b8db5847fa3a84cfacbbd7df3473",
+    "mistral/memory": "c2b6a0ce7a5d890459ac0bfc61ef6b4110f17a2f2fa9201fb0246302e6371e63",
+    "mistral/checkpoint": "c2b6a0ce7a5d890459ac0bfc61ef6b4110f17a2f2fa9201fb0246302e6371e63",
+    "mixtral/memory": "82ccba768b0bc29e1f129ceee28b996958193da486fcbe4c7ac6c01e96eccef6",
+    "mixtral/checkpoint": "2e8783bf2bf308dc46dd21ac18ffe77356463b9f49427407dc5c1b4e93d5185e",
+    "olmo2/memory": "147dc91deaf0752e4889b56fec0c448a1112e493c423a4afe2821760e9c383ef",
+    "olmo2/checkpoint": "147dc91deaf0752e4889b56fec0c448a1112e493c423a4afe2821760e9c383ef",
+    "olmo3/memory": "147dc91deaf0752e4889b56fec0c448a1112e493c423a4afe2821760e9c383ef",
+    "olmo3/checkpoint": "147dc91deaf0752e4889b56fec0c448a1112e493c423a4afe2821760e9c383ef",
+    "phi3/memory": "c7338c5cff536d9171b22e31d766b82e9693dd3383fb9c3e4af338b7b6d6d218",
+    "phi3/checkpoint": "c7338c5cff536d9171b22e31d766b82e9693dd3383fb9c3e4af338b7b6d6d218",
+    "qwen2/memory": "62f115b6e761b211bc70fc7bfa190466e70ba0940be7d0e84db14db3d903bb7c",
+    "qwen2/checkpoint": "62f115b6e761b211bc70fc7bfa190466e70ba0940be7d0e84db14db3d903bb7c",
+    "qwen3/memory": "583b931b137968b42239ea35de121c6c75d8d8dea41b873bac71766cb5b4c50a",
+    "qwen3/checkpoint": "583b931b137968b42239ea35de121c6c75d8d8dea41b873bac71766cb5b4c50a",
+    "qwen3_moe/memory": "dcb09052ed55b8464c015881eac8ace25301ba85f11f42acb9d4ad46587010f9",
+    "qwen3_moe/checkpoint": "8be7180b48fa38c48a8f816405ed62302def486bc7f4b710b56ecdc478ac556d",
+    "default/memory": "6af36e1d1a1331b3427f3a1059bc726e10f3751365388ca1bc6bcd0f6f0a4679",
+    "qwen3_moe_preset/memory": "e3686614e0e6816bb6b451c61957974df5fb2c529f0fa2ce58e1cb0430420ce6",
+}
+
+
+def test_existing_layout_fingerprints_are_unchanged():
+    from workers.rl.model import DEFAULT_CONFIG, built_in_config
+
+    configs = {"default": DEFAULT_CONFIG, "qwen3_moe_preset": built_in_config("qwen3_moe")}
+    for key, pinned in PINNED_FINGERPRINTS.items():
+        family, names = key.split("/")
+        config = configs[family] if family in configs else config_of(family)
+        assert ModelLayout.from_config(config, names=names).fingerprint == "sha256:" + pinned, key
+
+
+def test_gpt_oss_experts_are_the_transpose_of_each_expert_with_gate_and_up_still_alternating(tmp_path):
+    """vLLM's w13 [E, 2I, H] is transformers' gate_up_proj [E, H, 2I] transposed per expert, its gate and up
+    rows still alternating (vLLM's swigluoai reads x[..., ::2], x[..., 1::2]); w2 is down_proj transposed; the
+    biases, router and sinks are shipped as they are, under vLLM's names (attn, embedding)."""
+    config = config_of("gpt_oss")
+    state = load_file(str(save_tiny("gpt_oss", tmp_path / "m") / "model.safetensors"))
+    layout = ModelLayout.from_config(config)
+    assert layout.train_names == ModelLayout.from_config(config, names="checkpoint").train_names
+    fused = layout.fuse(state)
+    p = "model.layers.1."
+    gate_up, down = state[p + "mlp.experts.gate_up_proj"], state[p + "mlp.experts.down_proj"]
+    w13 = fused[p + "mlp.experts.routed_experts.w13_weight"]
+    assert w13.shape == (4, 512, 128) and torch.equal(w13, gate_up.transpose(1, 2))
+    assert torch.equal(w13[2, 0::2], gate_up[2, :, 0::2].T)  # gate rows alternate with up rows
+    assert torch.equal(fused[p + "mlp.experts.routed_experts.w2_weight"], down.transpose(1, 2))
+    for engine, train in (("mlp.experts.routed_experts.w13_bias", "mlp.experts.gate_up_proj_bias"),
+                          ("mlp.experts.routed_experts.w2_bias", "mlp.experts.down_proj_bias"),
+                          ("mlp.router.weight", "mlp.router.weight"), ("mlp.router.bias", "mlp.router.bias"),
+                          ("attn.sinks", "self_attn.sinks"), ("attn.o_proj.bias", "self_attn.o_proj.bias")):
+        assert torch.equal(fused[p + engine], state[p + train]), engine
+    assert torch.equal(fused["model.embedding.weight"], state["model.embed_tokens.weight"])
+    # flat index of element (r, c) of expert e's block = (row_offset + e) * row_size + r * H + c, read from the
+    # trainer's tensor at [e, c, r]
+    tensor = layout[p + "mlp.experts.routed_experts.w13_weight"]
+    assert tensor.row_size == 512 * 128
+    assert w13.reshape(-1)[3 * tensor.row_size + 7 * 128 + 5] == gate_up[3, 5, 7]
+
+
 def test_name_sets_and_families_are_validated():
     with pytest.raises(LayoutError, match="name set"):
         ModelLayout.from_config(config_of("qwen3"), names="disk")  # type: ignore[arg-type]
@@ -71,13 +137,15 @@ def test_name_sets_and_families_are_validated():
 
 
 
-def test_an_adam_step_of_a_moe_model_applies_in_place_to_a_torch_actor_bit_for_bit():
-    """A Qwen3-MoE trainer step (AdamW, router aux loss as transformers computes it) shipped as a delta in the
-    in-memory layout (3-D expert tensors) and activated in place in another transformers model's parameters."""
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_an_adam_step_of_a_moe_model_applies_in_place_to_a_torch_actor_bit_for_bit(family):
+    """A MoE trainer step (AdamW, router aux loss as transformers computes it) shipped as a delta in the
+    in-memory layout (3-D expert tensors) and activated in place in another transformers model's parameters —
+    for gpt-oss through the element order's position map into its transposed expert tensors."""
     from aurora_store.codec import activate, digest_state, stage
     from aurora_store.testing.builders import blobs, encode
 
-    config = {**config_of("qwen3_moe"), "output_router_logits": True, "router_aux_loss_coef": 0.01}
+    config = {**config_of(family), "output_router_logits": True, "router_aux_loss_coef": 0.01}
     layout = ModelLayout.from_config(config)
     trainer = build_model(config, seed=1)  # fp32 master weights
     actor = build_model(config, seed=1, dtype=torch.bfloat16)

@@ -125,3 +125,29 @@ def test_codec_device_extraction_on_cuda_tensors_is_byte_identical_to_the_host()
     target = TensorTarget.from_state(layout, {n: t.clone() for n, t in on_gpu[0].items()}, version=0)
     apply_delta(device[0], blobs(device[1]), target)
     assert target.digest == digest_state(layout, new)
+
+
+def test_transposed_experts_encode_and_apply_on_cuda_tensors_as_on_the_host():
+    """gpt-oss's expert tensors (stored transposed against the engine's): the device extraction reorders them on
+    the GPU byte-identically to the host, a target over CUDA tensors writes through the element order's position
+    map, and the map computed from device indices is the host's."""
+    gpt_oss = {"model_type": "gpt_oss", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "head_dim": 16, "intermediate_size": 48, "num_hidden_layers": 2, "vocab_size": 37,
+               "num_local_experts": 3, "attention_bias": True}
+    layout = ModelLayout.from_config(gpt_oss)
+    old = random_state(layout, seed=7)
+    new = perturb(old, fraction=0.05, seed=8)
+    params = CodecParams(segment_bytes=4096)
+    on_gpu = ({n: t.to(CUDA) for n, t in old.items()}, {n: t.to(CUDA) for n, t in new.items()})
+    host = encode(layout, old, new, 1, 0, digest_state(layout, old), params, extraction="host")
+    device = encode(layout, *on_gpu, 1, 0, digest_state(layout, old), params, extraction="device")
+    assert [s.data for s in device[1]] == [s.data for s in host[1]]
+    state = {n: t.clone() for n, t in on_gpu[0].items()}
+    target = TensorTarget.from_state(layout, state, version=0)
+    apply_delta(host[0], blobs(host[1]), target)
+    assert target.digest == digest_state(layout, new)
+    for name, tensor in state.items():
+        assert torch.equal(tensor.cpu().view(torch.int16), new[name].view(torch.int16)), name
+    order = layout["model.layers.0.mlp.experts.routed_experts.w13_weight"].components[0].order
+    positions = torch.arange(order.numel)
+    assert torch.equal(order.train_index(positions.to(CUDA)).cpu(), order.train_index(positions))

