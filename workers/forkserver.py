@@ -214,10 +214,16 @@ def _serve(requests: IO[bytes], replies: IO[bytes]) -> dict[str, Any] | None:
                 _, status, usage = os.wait4(int(request["pid"]), 0)
                 reply = {"returncode": os.waitstatus_to_exitcode(status), "cpu_s": usage.ru_utime + usage.ru_stime}
             elif request["op"] == "spawn":
+                ready, told = os.pipe()
                 pid = os.fork()
                 if pid == 0:
-                    _become_child(request, libc, template)
+                    os.close(ready)
+                    _become_child(request, libc, template, told)
                     return request
+                os.close(told)
+                # answered once the child has its own session: a signal to its group must not miss it
+                with os.fdopen(ready, "rb") as pipe:
+                    pipe.read()
                 reply = {"pid": pid}
             else:
                 reply = {"error": f"unknown request {request['op']!r}"}
@@ -228,7 +234,7 @@ def _serve(requests: IO[bytes], replies: IO[bytes]) -> dict[str, Any] | None:
     return None
 
 
-def _become_child(request: dict[str, Any], libc: ctypes.CDLL, template: int) -> None:
+def _become_child(request: dict[str, Any], libc: ctypes.CDLL, template: int, told: int) -> None:
     """In the forked child: a session of its own, the parent-death signal, the log on fds 1 and 2, the
     requested directory and environment, fresh random state: what ``python -m`` would have started with."""
     os.setsid()
@@ -236,6 +242,7 @@ def _become_child(request: dict[str, Any], libc: ctypes.CDLL, template: int) -> 
     libc.prctl(_PR_SET_PDEATHSIG, int(children.PARENT_DEATH_SIGNAL))
     if os.getppid() != template:  # the template died before the signal was armed
         os._exit(1)
+    os.close(told)  # the template answers the starter now
     null = os.open(os.devnull, os.O_RDONLY)
     log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(null, 0)
