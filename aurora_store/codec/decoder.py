@@ -20,13 +20,13 @@ import torch
 import zstandard
 
 from aurora_store.codec import kernels, leb128
-from aurora_store.codec.digest import WeightsDigest, hash_change
+from aurora_store.codec.digest import WeightsDigest
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.manifest import ChunkRef, DeltaManifest, SegmentRef
 from aurora_store.codec.params import CodecParams
 from aurora_store.codec.segment import ChunkHeader, Entropy, ValueTransform, unpack
+from aurora_store.codec.streams import apply_values, chunk_indices
 from aurora_store.codec.target import ScatterPlan, SupportsScatterPlan, WeightTarget
-from aurora_store.codec.values import decode_values
 from aurora_store.errors import (
     BaseVersionMismatchError,
     CorruptSegmentError,
@@ -160,21 +160,11 @@ def decode_segment(layout: ModelLayout, codec: CodecParams, ref: SegmentRef, dat
         check_raw_lengths(header, codec)
         index_raw = _inflate(decompressor, header.index_entropy, index_stream, header.index_raw_len)
         value_raw = _inflate(decompressor, header.value_entropy, value_stream, header.value_raw_len)
-        gaps = leb128.decode(index_raw, header.count)
-        if gaps.size > 1 and int(gaps[1:].min()) < 1:
-            raise CorruptSegmentError(f"chunk {header.tensor}: indices are not strictly increasing")
-        span = header.hi - header.lo
-        largest = int(gaps.max())
-        # Bound the running sum before it can wrap around int64: the sum of all gaps is the last index.
-        if largest >= span or (largest * gaps.size >= 1 << 63 and float(gaps.sum(dtype=np.float64)) >= span):
-            raise CorruptSegmentError(f"chunk {header.tensor}: index out of range")
-        local = np.cumsum(gaps.astype(np.int64))
-        if int(local[-1]) >= span:
-            raise CorruptSegmentError(f"chunk {header.tensor}: index out of range")
-        local += header.lo  # in place, in numpy: no intra-op thread pool for a one-pass add
-        indices = torch.from_numpy(local)
+        # One compiled sweep pair: LEB128 structure, strictly increasing, inside [lo, hi) (streams.py).
+        indices = torch.from_numpy(chunk_indices(header.tensor, index_raw, header.count, header.lo, header.hi))
         if check_values:
-            decode_values(np.zeros(header.count, dtype=np.int16), value_raw, header.count, header.value_transform)
+            zeros = np.zeros(header.count, dtype=np.int16)
+            apply_values(header.tensor, indices.numpy(), zeros, value_raw, header.value_transform, zeros.copy())
         out.append(DecodedChunk(header.tensor, indices, value_raw, header))
     return out
 
@@ -235,14 +225,17 @@ def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tupl
 
     def decode_tensor(name: str, chunks: list[DecodedChunk], indices: torch.Tensor,
                       old: torch.Tensor) -> tuple[torch.Tensor, WeightsDigest]:
+        # Values decoded straight into the tensor's new bits, the digest move summed in the same sweep.
         new = torch.empty_like(old)
-        old_np, new_np = old.numpy(), new.numpy()
+        idx_np, old_np, new_np = indices.numpy(), old.numpy(), new.numpy()
+        moved = WeightsDigest()
         start = 0
         for c in chunks:
             stop = start + c.header.count
-            new_np[start:stop] = decode_values(old_np[start:stop], c.values, c.header.count, transform)
+            moved = moved + apply_values(name, idx_np[start:stop], old_np[start:stop], c.values, transform,
+                                         new_np[start:stop])
             start = stop
-        return new, hash_change(name, indices, old, new)
+        return new, moved
 
     news = kernels.run_blocks(decode_tensor, [(*plan, old) for plan, old in zip(plans, olds)], threads)
     planner = target if isinstance(target, SupportsScatterPlan) else None

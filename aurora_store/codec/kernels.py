@@ -273,3 +273,156 @@ def delta16_values(old, new):  # pragma: no cover - compiled
             escape_at += 1
         out[i >> 2] |= np.uint8(c << (2 * (i & 3)))
     return out
+
+
+# --- decoding the per-changed-element streams: every check of the numpy reference decoders --------------
+#
+# The reference decoders (:func:`.leb128.decode`, :func:`.values.decode_values`) stay the format's
+# definition; these do the same work in two sweeps each and report what is wrong as a status code (the
+# callers raise the typed error), so a corrupt stream fails with the same class — and the same message —
+# as through the reference.
+
+#: Status codes of :func:`gap_indices`.
+LEB_OK, LEB_SHORT, LEB_OVERLONG, LEB_TRUNCATED, LEB_LEFTOVER, LEB_NOT_INCREASING, LEB_OUT_OF_RANGE = range(7)
+#: Status codes of :func:`delta16_apply`.
+VAL_OK, VAL_SHORT, VAL_CLASS_PADDING, VAL_LENGTH, VAL_SIDE_PADDING, VAL_ESCAPE = range(6)
+
+_LEB_LEVELS = 9  # as leb128.MAX_BYTES: 9 × 7 = 63 bits
+
+
+@numba.njit(nogil=True, cache=True)
+def gap_indices(raw, count, lo, span):  # pragma: no cover - compiled
+    """``lo + cumsum(gaps)`` of ``count`` planar LEB128 gaps in ``raw`` (uint8), checked: the stream holds
+    exactly ``count`` values of at most 9 bytes, gaps after the first are ≥ 1 (strictly increasing) and the
+    last local index is below ``span``. Returns ``(int64 indices, status)``; the indices are meaningful only
+    when the status is :data:`LEB_OK`.
+
+    Sweep 1 finds each level's extent from the continuation bits (the structure checks, in the reference's
+    order); sweep 2 rebuilds the values in order with one cursor per level — value ``i``'s byte ``k`` is the
+    next unread byte of level ``k`` — and accumulates them. The order and range checks only raise flags,
+    so that, as in the reference, a stream with both faults reports the order first."""
+    out = np.empty(count, dtype=np.int64)
+    n = raw.size
+    if n < count:
+        return out, LEB_SHORT
+    starts = np.zeros(_LEB_LEVELS, dtype=np.int64)
+    start = 0
+    size = count
+    level = 0
+    while size > 0:
+        if level == _LEB_LEVELS:
+            return out, LEB_OVERLONG
+        if start + size > n:
+            return out, LEB_TRUNCATED
+        starts[level] = start
+        more = 0
+        for j in range(start, start + size):
+            more += raw[j] >> 7
+        start += size
+        size = more
+        level += 1
+    if start != n:
+        return out, LEB_LEFTOVER
+    limit = np.uint64(span)
+    local = np.uint64(0)
+    unordered = False
+    outside = False
+    for i in range(count):
+        at = starts[0]
+        starts[0] = at + 1
+        byte = raw[at]
+        gap = np.uint64(byte & 0x7F)
+        shift = np.uint64(7)
+        k = 1
+        while byte & 0x80:
+            at = starts[k]
+            starts[k] = at + 1
+            byte = raw[at]
+            gap |= np.uint64(byte & 0x7F) << shift
+            shift += np.uint64(7)
+            k += 1
+        if gap == 0 and i > 0:
+            unordered = True
+        if gap >= limit:
+            outside = True
+            local = limit  # saturate: no wrap-around, and every later index is outside too
+        else:
+            local += gap
+            if local >= limit:
+                outside = True
+                local = limit
+        out[i] = lo + np.int64(local)
+    if unordered:
+        return out, LEB_NOT_INCREASING
+    if outside:
+        return out, LEB_OUT_OF_RANGE
+    return out, LEB_OK
+
+
+def _class_tables() -> tuple[np.ndarray, np.ndarray]:
+    """Per class-table byte: how many of its four 2-bit classes are 2 (a side bit) and 3 (an escape)."""
+    mids = np.zeros(256, dtype=np.int64)
+    escapes = np.zeros(256, dtype=np.int64)
+    for b in range(256):
+        classes = [(b >> (2 * k)) & 3 for k in range(4)]
+        mids[b] = classes.count(2)
+        escapes[b] = classes.count(3)
+    return mids, escapes
+
+
+_MIDS, _ESCAPES = _class_tables()
+
+
+@numba.njit(nogil=True, cache=True)
+def delta16_apply(indices, old, raw, out, seed0, seed1):  # pragma: no cover - compiled
+    """Decode a ``DELTA16`` value stream (see :mod:`.values`) of ``old.size`` changed elements against their
+    ``old`` bits into ``out`` (int16), and sum the digest move ``Σ h(new) − h(old)`` at flat ``indices``
+    (both lanes) in the same sweep. Returns ``(status, lane 0, lane 1)``; ``out`` and the lanes are
+    meaningful only when the status is :data:`VAL_OK`. Checks, in the reference's order: the class table
+    fits, its padding is zero, the stream's length is what the table implies, the side stream's padding
+    is zero, and no escaped word is 0 or one a short class holds (1–4)."""
+    count = old.size
+    class_bytes = (count + 3) // 4
+    if raw.size < class_bytes:
+        return VAL_SHORT, _ZERO, _ZERO
+    tail = count & 3
+    if tail and raw[class_bytes - 1] >> (2 * tail):
+        return VAL_CLASS_PADDING, _ZERO, _ZERO
+    n_mid = 0
+    n_escape = 0
+    for j in range(class_bytes):  # padding classes are 0 (just checked): they count as neither
+        n_mid += _MIDS[raw[j]]
+        n_escape += _ESCAPES[raw[j]]
+    mid_bytes = (n_mid + 7) // 8
+    if raw.size != class_bytes + mid_bytes + 2 * n_escape:
+        return VAL_LENGTH, _ZERO, _ZERO
+    if mid_bytes and n_mid & 7 and raw[class_bytes + mid_bytes - 1] >> (n_mid & 7):
+        return VAL_SIDE_PADDING, _ZERO, _ZERO
+    side = class_bytes
+    low = class_bytes + mid_bytes
+    high = low + n_escape
+    mid_at = 0
+    escape_at = 0
+    s0 = _ZERO
+    s1 = _ZERO
+    for i in range(count):
+        c = (raw[i >> 2] >> (2 * (i & 3))) & 3
+        if c < 2:
+            w = c + 1
+        elif c == 2:
+            w = 3 + ((raw[side + (mid_at >> 3)] >> (mid_at & 7)) & 1)
+            mid_at += 1
+        else:
+            w = np.int64(raw[low + escape_at]) | (np.int64(raw[high + escape_at]) << 8)
+            escape_at += 1
+            if w <= 4:
+                return VAL_ESCAPE, _ZERO, _ZERO
+        before = old[i]
+        after = np.int16(np.int64(before) + ((w >> 1) ^ -(w & 1)))  # un-zigzag; wraps modulo 2**16
+        out[i] = after
+        at = np.uint64(indices[i]) << _S16
+        k_new = at | (np.uint64(after) & _LOW16)
+        k_old = at | (np.uint64(before) & _LOW16)
+        s0 += _fmix(k_new ^ seed0) - _fmix(k_old ^ seed0)
+        s1 += _fmix(k_new ^ seed1) - _fmix(k_old ^ seed1)
+    return VAL_OK, s0, s1
