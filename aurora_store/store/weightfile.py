@@ -1,6 +1,6 @@
 """Zero-copy reading of a safetensors weight file: tensors as views over the buffer it was fetched into.
 
-``safetensors.torch.load`` copies every tensor out of the file's bytes — one more pass over a snapshot
+The safetensors library's loader copies every tensor out of the file's bytes — one more pass over a snapshot
 (gigabytes) after its download and its SHA-256. A snapshot file is read into one writable buffer and its
 tensors are views of it (:func:`tensor_views`); the buffer lives as long as any of them. The header is
 checked as strictly as the safetensors library checks it: a bounded JSON object, known dtypes, shapes and
