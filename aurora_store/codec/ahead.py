@@ -29,12 +29,12 @@ from aurora_store.codec.decoder import (
     decode_segment,
     verify_segment,
 )
-from aurora_store.codec.digest import WeightsDigest, hash_change
+from aurora_store.codec.digest import WeightsDigest
 from aurora_store.codec.manifest import ChunkRef, DeltaManifest, SegmentRef
 from aurora_store.codec.params import CodecParams
 from aurora_store.codec.segment import unpack
+from aurora_store.codec.streams import apply_values
 from aurora_store.codec.target import SupportsScatterPlan, WeightTarget
-from aurora_store.codec.values import decode_values
 from aurora_store.errors import CorruptSegmentError, DigestMismatchError, ManifestError
 
 
@@ -80,8 +80,8 @@ class AheadStager:
         bits, delta = [], WeightsDigest()
         for chunk, old in zip(chunks, olds):
             new = torch.empty_like(old)
-            new.numpy()[:] = decode_values(old.numpy(), chunk.values, chunk.header.count, codec.value_transform)
-            delta = delta + hash_change(chunk.tensor, chunk.indices, old, new)
+            delta = delta + apply_values(chunk.tensor, chunk.indices.numpy(), old.numpy(), chunk.values,
+                                         codec.value_transform, new.numpy())
             bits.append(new)
         return _Decoded(ref, data, chunks, tuple(bits), delta)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -20,13 +21,13 @@ import torch
 import zstandard
 
 from aurora_store.codec import kernels, leb128
-from aurora_store.codec.digest import WeightsDigest, hash_change
+from aurora_store.codec.digest import WeightsDigest
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.manifest import ChunkRef, DeltaManifest, SegmentRef
 from aurora_store.codec.params import CodecParams
 from aurora_store.codec.segment import ChunkHeader, Entropy, ValueTransform, unpack
+from aurora_store.codec.streams import apply_values, chunk_indices
 from aurora_store.codec.target import ScatterPlan, SupportsScatterPlan, WeightTarget
-from aurora_store.codec.values import decode_values
 from aurora_store.errors import (
     BaseVersionMismatchError,
     CorruptSegmentError,
@@ -142,14 +143,20 @@ def decode_segment(layout: ModelLayout, codec: CodecParams, ref: SegmentRef, dat
     """Verify one segment's digest and structure and decode its chunks. ``check_values`` also checks each
     value stream's structure (class table, padding, escape words), which staging does when it decodes them
     against the base; ``verify --deep`` has no base and asks for it here."""
+    return [decode_chunk(*part, check_values=check_values) for part in open_segment(layout, codec, ref, data)]
+
+
+def open_segment(layout: ModelLayout, codec: CodecParams, ref: SegmentRef,
+                 data: bytes) -> list[tuple[ChunkHeader, memoryview, memoryview]]:
+    """The first half of :func:`decode_segment`: the segment's digest and structure, and every chunk header
+    checked against the layout and the codec (nothing decompressed yet). Its chunks are then decoded one by
+    one (:func:`decode_chunk`), on any thread."""
     verify_segment(ref, data)
     parts = unpack(data)
     listed = tuple(ChunkRef(h.tensor, h.lo, h.hi, h.count) for h, _, _ in parts)
     if listed != ref.chunks:
         raise ManifestError(f"segment {ref.digest[:12]}… holds chunks that differ from its manifest entry")
-    decompressor = zstandard.ZstdDecompressor()
-    out = []
-    for header, index_stream, value_stream in parts:
+    for header, _, _ in parts:
         if header.tensor not in layout:
             raise CorruptSegmentError(f"chunk for unknown tensor {header.tensor!r}")
         if header.hi > layout[header.tensor].numel:
@@ -158,25 +165,27 @@ def decode_segment(layout: ModelLayout, codec: CodecParams, ref: SegmentRef, dat
                 codec.allows(header.index_entropy) and codec.allows(header.value_entropy)):
             raise CorruptSegmentError(f"chunk {header.tensor} uses codecs the manifest does not declare")
         check_raw_lengths(header, codec)
-        index_raw = _inflate(decompressor, header.index_entropy, index_stream, header.index_raw_len)
-        value_raw = _inflate(decompressor, header.value_entropy, value_stream, header.value_raw_len)
-        gaps = leb128.decode(index_raw, header.count)
-        if gaps.size > 1 and int(gaps[1:].min()) < 1:
-            raise CorruptSegmentError(f"chunk {header.tensor}: indices are not strictly increasing")
-        span = header.hi - header.lo
-        largest = int(gaps.max())
-        # Bound the running sum before it can wrap around int64: the sum of all gaps is the last index.
-        if largest >= span or (largest * gaps.size >= 1 << 63 and float(gaps.sum(dtype=np.float64)) >= span):
-            raise CorruptSegmentError(f"chunk {header.tensor}: index out of range")
-        local = np.cumsum(gaps.astype(np.int64))
-        if int(local[-1]) >= span:
-            raise CorruptSegmentError(f"chunk {header.tensor}: index out of range")
-        local += header.lo  # in place, in numpy: no intra-op thread pool for a one-pass add
-        indices = torch.from_numpy(local)
-        if check_values:
-            decode_values(np.zeros(header.count, dtype=np.int16), value_raw, header.count, header.value_transform)
-        out.append(DecodedChunk(header.tensor, indices, value_raw, header))
-    return out
+    return parts
+
+
+_local = threading.local()
+
+
+def decode_chunk(header: ChunkHeader, index_stream: memoryview, value_stream: memoryview, *,
+                 check_values: bool = False) -> DecodedChunk:
+    """One chunk of a segment :func:`open_segment` has checked: its streams inflated (never past their checked
+    raw lengths) and its indices decoded and checked (see :func:`decode_segment` for ``check_values``)."""
+    decompressor = getattr(_local, "zstd", None)
+    if decompressor is None:  # one per thread: a ZstdDecompressor must not be used by two threads at once
+        decompressor = _local.zstd = zstandard.ZstdDecompressor()
+    index_raw = _inflate(decompressor, header.index_entropy, index_stream, header.index_raw_len)
+    value_raw = _inflate(decompressor, header.value_entropy, value_stream, header.value_raw_len)
+    # One compiled sweep pair: LEB128 structure, strictly increasing, inside [lo, hi) (streams.py).
+    indices = torch.from_numpy(chunk_indices(header.tensor, index_raw, header.count, header.lo, header.hi))
+    if check_values:
+        zeros = np.zeros(header.count, dtype=np.int16)
+        apply_values(header.tensor, indices.numpy(), zeros, value_raw, header.value_transform, zeros.copy())
+    return DecodedChunk(header.tensor, indices, value_raw, header)
 
 
 def concat_host(parts: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -215,9 +224,11 @@ def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tupl
     missing = set(wanted) - seen
     if missing:
         raise ManifestError(f"{len(missing)} segment(s) of version {manifest.version} were not supplied")
-    for chunks_of_segment in kernels.run_blocks(decode_segment, todo, threads):
-        for chunk in chunks_of_segment:
-            decoded.setdefault(chunk.tensor, []).append(chunk)
+    # Segments verified and opened, then their chunks decoded, each spread over the threads (a model's delta
+    # is a few segments of many chunks: chunks balance the threads, segments alone would not).
+    opened = kernels.run_blocks(open_segment, todo, threads)
+    for chunk in kernels.run_blocks(decode_chunk, [part for parts in opened for part in parts], threads):
+        decoded.setdefault(chunk.tensor, []).append(chunk)
     plans = []
     for name in sorted(decoded, key=target.layout.names.index):
         chunks = sorted(decoded[name], key=lambda c: c.header.lo)
@@ -229,35 +240,63 @@ def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tupl
             raise ManifestError(f"{name}: decoded {indices.numel()} changes, manifest says "
                                 f"{manifest.changed.get(name, 0)}")
         plans.append((name, chunks, indices))
-    # One read for all tensors: a target in another process (an inference engine) answers in one round trip.
-    olds = target.gather_many([(name, indices) for name, _, indices in plans])
     transform = manifest.codec.value_transform
+    planner = target if isinstance(target, SupportsScatterPlan) else None
 
     def decode_tensor(name: str, chunks: list[DecodedChunk], indices: torch.Tensor,
                       old: torch.Tensor) -> tuple[torch.Tensor, WeightsDigest]:
+        # Values decoded straight into the tensor's new bits, the digest move summed in the same sweep.
         new = torch.empty_like(old)
-        old_np, new_np = old.numpy(), new.numpy()
+        idx_np, old_np, new_np = indices.numpy(), old.numpy(), new.numpy()
+        moved = WeightsDigest()
         start = 0
         for c in chunks:
             stop = start + c.header.count
-            new_np[start:stop] = decode_values(old_np[start:stop], c.values, c.header.count, transform)
+            moved = moved + apply_values(name, idx_np[start:stop], old_np[start:stop], c.values, transform,
+                                         new_np[start:stop])
             start = stop
-        return new, hash_change(name, indices, old, new)
+        return new, moved
 
-    news = kernels.run_blocks(decode_tensor, [(*plan, old) for plan, old in zip(plans, olds)], threads)
-    planner = target if isinstance(target, SupportsScatterPlan) else None
+    def stage_group(group: list[tuple[str, list[DecodedChunk], torch.Tensor]],
+                    ) -> list[tuple[TensorUpdate, WeightsDigest]]:
+        # One read per group of tensors: a target in another process answers each in one round trip.
+        olds = target.gather_many([(name, indices) for name, _, indices in group])
+        out = []
+        for (name, chunks, indices), old in zip(group, olds):
+            new, moved = decode_tensor(name, chunks, indices, old)
+            # Cutting the indices at the target's pieces (and moving them to its device) belongs to staging:
+            # activation is then one scatter_ per piece.
+            plan = planner.plan_scatter(name, indices) if planner is not None else None
+            out.append((TensorUpdate(name, indices, new, plan), moved))
+        return out
+
     updates = []
     delta = WeightsDigest()
-    for (name, _, indices), (new, moved) in zip(plans, news):
-        delta = delta + moved
-        # Cutting the indices at the target's pieces (and moving them to its device) belongs to staging:
-        # activation is then one scatter_ per piece.
-        plan = planner.plan_scatter(name, indices) if planner is not None else None
-        updates.append(TensorUpdate(name, indices, new, plan))
+    for group in kernels.run_blocks(stage_group, [(g,) for g in _groups(plans, threads)], threads):
+        for update, moved in group:
+            updates.append(update)
+            delta = delta + moved
     if str(target.digest + delta) != manifest.weights_digest:
         raise DigestMismatchError(f"applying version {manifest.version} would give weights digest "
                                   f"{target.digest + delta}, manifest says {manifest.weights_digest}")
     return StagedDelta(manifest, tuple(updates))
+
+
+def _groups(plans: list[tuple[str, list[DecodedChunk], torch.Tensor]],
+            threads: int | None) -> list[list[tuple[str, list[DecodedChunk], torch.Tensor]]]:
+    """Consecutive tensors in groups of about equal changed elements: one group on one thread (a single
+    gather for the target), two per thread on more (the threads even out what one group costs more)."""
+    count = kernels.DEFAULT_THREADS if threads is None else threads
+    wanted = 1 if count <= 1 else 2 * count
+    total = sum(indices.numel() for _, _, indices in plans)
+    groups: list[list[tuple[str, list[DecodedChunk], torch.Tensor]]] = [[]]
+    filled = 0
+    for plan in plans:
+        if groups[-1] and filled >= total * len(groups) / wanted:
+            groups.append([])
+        groups[-1].append(plan)
+        filled += plan[2].numel()
+    return groups
 
 
 def check_applicable(manifest: Transition, target: WeightTarget) -> None:

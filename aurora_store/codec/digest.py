@@ -67,6 +67,11 @@ def _seeds(tensor_name: str) -> tuple[np.uint64, np.uint64]:
     return np.uint64(int.from_bytes(raw[:8], "little")), np.uint64(int.from_bytes(raw[8:16], "little"))
 
 
+def tensor_seeds(tensor_name: str) -> tuple[np.uint64, np.uint64]:
+    """The two lanes' seeds of ``tensor_name`` (for kernels that fold the digest into another sweep)."""
+    return _seeds(tensor_name)
+
+
 def _host_bits(bits: torch.Tensor | np.ndarray) -> np.ndarray:
     """Contiguous int16 bit patterns on the host (int16 or uint16 input: the same 16 bits)."""
     arr = bits.numpy() if isinstance(bits, torch.Tensor) else np.asarray(bits)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from aurora_store.codec import kernels
-from aurora_store.codec.digest import ZERO, WeightsDigest, digest_of_lanes, hash_change, lanes_on_device
+from aurora_store.codec.digest import ZERO, WeightsDigest, digest_of_lanes, lanes_on_device, tensor_seeds
 from aurora_store.codec.layout import InferenceTensor
 
 #: Pieces extracted ahead of the one being encoded (each holds only changed elements on the host).
@@ -66,14 +66,25 @@ def changes_on_host(tensor: InferenceTensor, offset: int, old: torch.Tensor,
     (compare, and gather the changed elements' indices and bits) spread over ``threads``, then the digest
     move over the changed elements only."""
     a, b = _host_int16(old), _host_int16(new)
-    parts = kernels.run_blocks(lambda lo, hi: kernels.changes(a[lo:hi], b[lo:hi], lo),
-                               kernels.split(a.size), threads)
+    s0, s1 = tensor_seeds(tensor.name)
+
+    def block(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, int]]:
+        # Each block's digest move is summed in its own thread, right after its compare (lanes add mod 2**64,
+        # so the order of blocks does not matter).
+        local, before, after = kernels.changes(a[lo:hi], b[lo:hi], lo)
+        return local, before, after, kernels.delta_lanes(local, offset, before, after, s0, s1)
+
+    parts = kernels.run_blocks(block, kernels.split(a.size), threads)
     if len(parts) == 1:
-        local, old_vals, new_vals = parts[0]
+        local, old_vals, new_vals = parts[0][:3]
     else:
         local, old_vals, new_vals = (np.concatenate([p[k] for p in parts]) for k in range(3))
-    delta = hash_change(tensor.name, local, old_vals, new_vals, offset=offset) if local.size else ZERO
+    delta = _lanes_digest([p[3] for p in parts])
     return Changes(tensor, offset, a.size, local, old_vals, new_vals), delta
+
+
+def _lanes_digest(lanes: list[tuple[int, int]]) -> WeightsDigest:
+    return WeightsDigest((sum(int(s0) for s0, _ in lanes) % (1 << 64), sum(int(s1) for _, s1 in lanes) % (1 << 64)))
 
 
 def _host_int16(bits: torch.Tensor) -> np.ndarray:

@@ -22,6 +22,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from aurora_store.codec import kernels
 from aurora_store.codec.digest import WeightsDigest, digest_pieces
 from aurora_store.codec.layout import InferenceTensor, ModelLayout, bits_view
 from aurora_store.codec.order import ElementOrder
@@ -222,7 +223,8 @@ class TensorTarget:
         out = torch.empty(indices.numel(), dtype=torch.int16)
         for piece, local, where in self._split(name, indices):
             if piece.bits.device.type == "cpu" and local.device.type == "cpu":
-                np.take(piece.bits.detach().numpy(), local.numpy(), out=out.numpy()[where])  # one thread, no pool
+                # Compiled, one thread, no pool: the indices were checked against the tensor and cut at the piece.
+                kernels.take16(piece.bits.detach().numpy(), local.numpy(), out.numpy()[where])
             else:
                 out[where] = piece.bits[local.to(piece.bits.device)].cpu()
         return out

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
-from safetensors.torch import load as load_safetensors
 
 from aurora_store.codec.decoder import StagedDelta, StagedSnapshot, TensorUpdate, check_applicable, stage
 from aurora_store.codec.digest import WeightsDigest, hash_elements
@@ -16,9 +15,10 @@ from aurora_store.codec.manifest import DeltaManifest, SegmentRef
 from aurora_store.codec.target import SupportsScatterPlan, WeightTarget
 from aurora_store.errors import BaseVersionMismatchError, DigestMismatchError, LayoutMismatchError
 from aurora_store.store.pool import shared_pool
-from aurora_store.store.snapshots import SnapshotManifest, read_snapshot_file, read_snapshot_manifest
+from aurora_store.store.snapshots import SnapshotManifest, fetch_snapshot_file, read_snapshot_manifest
 from aurora_store.store.transfer import fetch_segments
 from aurora_store.store.versions import DeltaStore
+from aurora_store.store.weightfile import tensor_views
 
 ManifestCheck = Callable[[DeltaManifest], None]
 SnapshotCheck = Callable[[SnapshotManifest], None]
@@ -71,8 +71,9 @@ def stage_snapshot(store: DeltaStore, version: int, target: WeightTarget, *,
     entries = [f for f in snapshot.files if f.name in snapshot.weight_files]
     lanes = shared_pool().lanes(max(1, min(streams or store.settings.streams, len(entries))))
     state: dict[str, torch.Tensor] = {}
-    for future in [lanes.submit(read_snapshot_file, store, snapshot, entry.name) for entry in entries]:
-        state.update(load_safetensors(future.result()))
+    for future in [lanes.submit(fetch_snapshot_file, store, snapshot, entry.name) for entry in entries]:
+        data = future.result()  # hashed while it streamed in; the tensors are views of it (no copy)
+        state.update(tensor_views(data, len(data)))
     new_fused: dict[str, list[torch.Tensor]] = {}
     for tensor, _offset, bits in layout.pieces(state):  # checks names, shapes and dtypes
         new_fused.setdefault(tensor.name, []).append(bits)

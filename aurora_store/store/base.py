@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,19 @@ class Bucket(ABC):
     def get(self, key: str, limit: int | None = None) -> bytes:
         """The object's bytes; with ``limit``, at most ``limit + 1`` of them (a caller that knows the size
         it expects reads one byte more and so learns the object is too long without downloading all of it)."""
+
+    def read_into(self, key: str, buffer: memoryview, sink: Callable[[memoryview], None] | None = None) -> int:
+        """Read the object's first ``len(buffer)`` bytes (at most) into ``buffer`` and return how many there
+        were; ``sink`` sees each piece as it lands, in order (to hash while the bytes stream in). A caller that
+        knows the size it expects passes a buffer one byte longer (as :meth:`get`'s ``limit``). Backends that
+        can stream override it; this default reads with :meth:`get` and copies once."""
+        if len(buffer) < 1:
+            raise ValueError("read_into needs a buffer of at least one byte")
+        data = self.get(key, len(buffer) - 1)
+        buffer[: len(data)] = data
+        if sink is not None:
+            sink(buffer[: len(data)])
+        return len(data)
 
     @abstractmethod
     def put(self, key: str, data: bytes) -> None:

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from aurora_store.codec import jsondoc
@@ -39,6 +38,7 @@ from aurora_store.errors import (
 )
 from aurora_store.store import object_names
 from aurora_store.store.versions import DeltaStore
+from aurora_store.store.weightfile import tensor_views
 
 SNAPSHOT_FORMAT = "aurora.snapshot/1"
 DEFAULT_SHARD_BYTES = 2 << 30
@@ -253,15 +253,32 @@ def read_snapshot_file(store: DeltaStore, manifest: SnapshotManifest, name: str)
     raise IntegrityError(f"snapshot {manifest.version} file {name} in {store.url} does not match its digest")
 
 
+def fetch_snapshot_file(store: DeltaStore, manifest: SnapshotManifest, name: str) -> memoryview:
+    """:func:`read_snapshot_file` into one writable buffer, hashed while the bytes stream in (no second pass
+    over them, no join of the response's chunks): a view of exactly the file's bytes, verified against its
+    size and SHA-256 (one re-fetch on mismatch, then :class:`IntegrityError`)."""
+    entry = next((f for f in manifest.files if f.name == name), None)
+    if entry is None:
+        raise ManifestError(f"snapshot {manifest.version} has no file {name!r}")
+    key = object_names.snapshot_dir(manifest.version) + name
+    for _ in range(2):
+        buffer = memoryview(bytearray(entry.size + 1))  # one byte more: an overlong object shows
+        count, sha256 = store.read_hashed(key, buffer)
+        if count == entry.size and sha256 == entry.sha256:
+            return buffer[:count]
+    raise IntegrityError(f"snapshot {manifest.version} file {name} in {store.url} does not match its digest")
+
+
 def load_snapshot(store: DeltaStore, version: int, layout: ModelLayout, *,
                   download_dir: str | os.PathLike | None = None, verify_digest: bool = True,
                   verify_manifest=None, streams: int = 1,
                   threads: int | None = None) -> tuple[dict[str, torch.Tensor], SnapshotManifest]:
     """Download and verify a snapshot; return its training-layout tensors (and optionally keep the files).
 
-    Files are downloaded, checked against their SHA-256 and parsed on ``streams`` parallel streams; the
-    weights digest is then computed on ``threads`` threads. ``verify_manifest`` (e.g. a signature check)
-    runs on the manifest before any file is downloaded."""
+    Files are downloaded (each hashed with SHA-256 while it streams in, then checked) and parsed on
+    ``streams`` parallel streams; the returned tensors are views of the downloaded buffers (no copy). Each
+    file's share of the weights digest is computed on ``threads`` threads as soon as it is in.
+    ``verify_manifest`` (e.g. a signature check) runs on the manifest before any file is downloaded."""
     if streams < 1:
         raise ValueError(f"streams must be ≥ 1, not {streams}")
     manifest = read_snapshot_manifest(store, version)
@@ -279,12 +296,12 @@ def load_snapshot(store: DeltaStore, version: int, layout: ModelLayout, *,
     placed = {c.train_name: (t, c) for t in layout.tensors for c in t.components}
 
     def fetch(entry: SnapshotFile) -> tuple[dict[str, torch.Tensor], WeightsDigest]:
-        data = read_snapshot_file(store, manifest, entry.name)
+        data = fetch_snapshot_file(store, manifest, entry.name)
         if target_dir is not None:
             _atomic_write(target_dir / entry.name, data)
         if entry.name not in manifest.weight_files:
             return {}, ZERO
-        tensors = load_safetensors(data)
+        tensors = tensor_views(data, len(data))  # views of the fetched buffer: no copy
         del data
         pieces = []
         for name, tensor in tensors.items() if verify_digest else ():
@@ -308,7 +325,7 @@ def load_snapshot(store: DeltaStore, version: int, layout: ModelLayout, *,
     return state, manifest
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def _atomic_write(path: Path, data: bytes | memoryview) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_bytes(data)
     os.replace(tmp, path)

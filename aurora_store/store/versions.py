@@ -61,6 +61,16 @@ class DeltaStore:
         """The object's bytes; with ``limit``, at most ``limit + 1`` of them (see :meth:`Bucket.get`)."""
         return self._call(lambda: self.bucket.get(key, limit))
 
+    def read_hashed(self, key: str, buffer: memoryview) -> tuple[int, str]:
+        """:meth:`Bucket.read_into` with semantic retries, hashing while the bytes stream in: how many bytes
+        landed in ``buffer`` and their SHA-256 (hex). A retried read starts again with a fresh hash."""
+        def attempt() -> tuple[int, str]:
+            hasher = hashlib.sha256()
+            count = self.bucket.read_into(key, buffer, hasher.update)
+            return count, hasher.hexdigest()
+
+        return self._call(attempt)
+
     def get_document(self, key: str) -> bytes:
         """A JSON document's bytes, refused once longer than the parse gate accepts (never read further)."""
         data = self._call(lambda: self.bucket.get(key, jsondoc.MAX_DOCUMENT_BYTES))

@@ -58,6 +58,24 @@ class BucketConformance:
         with pytest.raises(ObjectNotFoundError):
             bucket.get("nope/x", 5)
 
+    def test_read_into_streams_at_most_the_buffer_to_the_sink(self, bucket: Bucket):
+        payload = bytes(range(256)) * 12288  # 3 MiB: several pieces for a streaming backend
+        bucket.put("big", payload)
+        for room in (11, len(payload), len(payload) + 1):
+            buffer = bytearray(room)
+            seen: list[bytes] = []
+
+            def sink(piece: memoryview, into: list[bytes] = seen) -> None:
+                into.append(bytes(piece))
+
+            count = bucket.read_into("big", memoryview(buffer), sink)
+            assert count == min(room, len(payload))
+            assert bytes(buffer[:count]) == payload[:count] == b"".join(seen)
+        bucket.put("empty", b"")
+        assert bucket.read_into("empty", memoryview(bytearray(1))) == 0
+        with pytest.raises(ObjectNotFoundError):
+            bucket.read_into("nope/x", memoryview(bytearray(5)))
+
     def test_modified_moves_forward_on_rewrite(self, bucket: Bucket):
         bucket.put("m", b"1")
         first = bucket.modified("m")
