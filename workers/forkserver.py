@@ -62,7 +62,11 @@ MODULES = frozenset({"workers.trainer", "workers.actor", "workers.actor.emulated
 #: child whose value of one of them differs from the template's would run with the wrong setting, so it is
 #: refused.
 IMPORT_TIME_ENV = ("PYTHON", "LD_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "NUMBA_", "TORCH", "PYTORCH_", "CUDA_",
-                   "NVIDIA_", "VLLM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "MALLOC_")
+                   "NVIDIA_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "MALLOC_")
+
+#: Templates one starter keeps at most (one per distinct import-time environment its children ask for; each
+#: holds ~0.3 GB of imported libraries).
+MAX_TEMPLATES = 6
 
 #: Set by the starter for every child; the template gives its children the same (unbuffered output) itself.
 EMULATED_ENV = frozenset({"PYTHONUNBUFFERED"})
@@ -123,11 +127,11 @@ class ForkedProcess:
 class ForkServer:
     """The starter's side: one template process, requests over its stdin/stdout, one at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
         self._lock = threading.Lock()
+        self.env = dict(os.environ if env is None else env)  # what the template's imports read
         self._process = children.popen([sys.executable, "-m", "workers.forkserver"], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, env=dict(os.environ))
-        self.env = dict(os.environ)  # what the template's imports read
+                                       stdout=subprocess.PIPE, env=self.env)
         #: CPU seconds (user + system) of the children collected so far and of all they waited for: what
         #: ``getrusage(RUSAGE_CHILDREN)`` would count had this process started them itself.
         self.children_cpu_s = 0.0
@@ -176,25 +180,37 @@ class ForkServer:
         return reply
 
 
-_SERVERS: dict[int, ForkServer] = {}
+_SERVERS: dict[tuple[int, tuple[tuple[str, str], ...]], ForkServer] = {}
 _SERVERS_LOCK = threading.Lock()
 
 
-def shared() -> ForkServer:
-    """This process's fork server, started on first use (one per starter process)."""
+def import_time_env(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """What of ``env`` the template's imports read (:data:`IMPORT_TIME_ENV`, less what it emulates)."""
+    return tuple(sorted((key, value) for key, value in env.items()
+                        if key.startswith(IMPORT_TIME_ENV) and key not in EMULATED_ENV))
+
+
+def shared(env: Mapping[str, str] | None = None) -> ForkServer | None:
+    """This process's fork server for children with ``env`` (default: ours), started on first use: one per
+    distinct import-time environment (a test that sets, say, ``HF_HUB_OFFLINE`` in the suite's environment gets
+    a template of its own rather than children that read the old value). ``None`` once :data:`MAX_TEMPLATES`
+    are running and none fits."""
+    wanted = import_time_env(os.environ if env is None else env)
     with _SERVERS_LOCK:
-        server = _SERVERS.get(os.getpid())
+        key = (os.getpid(), wanted)
+        server = _SERVERS.get(key)
         if server is None:
-            server = _SERVERS[os.getpid()] = ForkServer()
+            if sum(pid == os.getpid() for pid, _ in _SERVERS) >= MAX_TEMPLATES:
+                return None
+            server = _SERVERS[key] = ForkServer(env)
             atexit.register(server.close)
         return server
 
 
 def children_cpu_seconds() -> float:
-    """CPU seconds of every child this process's fork server has collected (see
+    """CPU seconds of every child this process's fork servers have collected (see
     :attr:`ForkServer.children_cpu_s`); 0 without one."""
-    server = _SERVERS.get(os.getpid())
-    return server.children_cpu_s if server is not None else 0.0
+    return sum(server.children_cpu_s for (pid, _), server in list(_SERVERS.items()) if pid == os.getpid())
 
 
 # --- the template process ---------------------------------------------------------------------------------

@@ -139,8 +139,8 @@ class ProcessGroup:
         if not _FROM_TEMPLATE:
             return None
         try:
-            server = forkserver.shared()
-            if not server.accepts(module, env, prefix):
+            server = forkserver.shared(env)
+            if server is None or not server.accepts(module, env, prefix):
                 return None
             return server.start(module, args, env=env, log_path=log_path)
         except forkserver.ForkServerError:

@@ -27,7 +27,7 @@ from aurora_store.codec.manifest import ChunkRef, DeltaManifest, SegmentRef
 from aurora_store.codec.params import CodecParams
 from aurora_store.codec.segment import ChunkHeader, Entropy, ValueTransform, unpack
 from aurora_store.codec.streams import apply_values, chunk_indices
-from aurora_store.codec.target import ScatterPlan, SupportsScatterPlan, WeightTarget
+from aurora_store.codec.target import ScatterPlan, SupportsScatterPlan, TensorTarget, WeightTarget
 from aurora_store.errors import (
     BaseVersionMismatchError,
     CorruptSegmentError,
@@ -257,10 +257,17 @@ def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tupl
             start = stop
         return new, moved
 
+    # A target of this process is read per group, on the threads; any other (an engine in another process)
+    # answers one gather_many for every tensor in one round trip, before the threads start.
+    gathered: dict[str, torch.Tensor] = {}
+    if not isinstance(target, TensorTarget):
+        gathered = dict(zip((name for name, _, _ in plans),
+                            target.gather_many([(name, indices) for name, _, indices in plans]), strict=True))
+
     def stage_group(group: list[tuple[str, list[DecodedChunk], torch.Tensor]],
                     ) -> list[tuple[TensorUpdate, WeightsDigest]]:
-        # One read per group of tensors: a target in another process answers each in one round trip.
-        olds = target.gather_many([(name, indices) for name, _, indices in group])
+        olds = [gathered[name] for name, _, _ in group] if gathered or not group else \
+            target.gather_many([(name, indices) for name, _, indices in group])
         out = []
         for (name, chunks, indices), old in zip(group, olds):
             new, moved = decode_tensor(name, chunks, indices, old)

@@ -86,14 +86,21 @@ def test_an_environment_that_changes_what_imports_read_is_refused(server):
     assert not server.accepts("benchmarks.wan", base, None)
 
 
-def test_a_process_group_falls_back_to_a_fresh_interpreter_for_what_the_template_refuses(tmp_path):
+def test_a_process_group_forks_from_a_template_of_its_childs_import_time_environment(tmp_path):
     group = ProcessGroup(tmp_path)
     with group:
-        fresh = group.start("r", "workers.relay", ["--help"], env={"OMP_NUM_THREADS": "1"})
+        fresh = group.start("d", "workers.demo", ["--help"])  # not a module the template runs
         assert isinstance(fresh.process, subprocess.Popen) and fresh.process.args[:3] == \
-            [sys.executable, "-m", "workers.relay"]
-        fresh.process.wait(timeout=60)
+            [sys.executable, "-m", "workers.demo"]
+        fresh.process.wait(timeout=120)
         forked = group.start("f", "workers.relay", ["--help"])
         forked.process.wait(timeout=60)
+        other = "1" if os.environ.get("OMP_NUM_THREADS") != "1" else "2"
+        pinned = group.start("p", "workers.relay", ["--help"], env={"OMP_NUM_THREADS": other})
+        pinned.process.wait(timeout=60)
     assert isinstance(forked.process, forkserver.ForkedProcess)  # the suite starts from the template
-    assert fresh.process.returncode == forked.process.returncode == 0
+    assert isinstance(pinned.process, forkserver.ForkedProcess)
+    assert fresh.process.returncode == forked.process.returncode == pinned.process.returncode == 0
+    # the child whose thread count the imports read came from a template started with that count
+    assert forkserver.shared({**os.environ, "OMP_NUM_THREADS": other}) is not forkserver.shared()
+    assert forkserver.shared({**os.environ, "OMP_NUM_THREADS": other}).env["OMP_NUM_THREADS"] == other
