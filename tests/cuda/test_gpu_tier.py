@@ -112,14 +112,21 @@ def test_torch_engine_activates_deltas_on_the_gpu(tmp_path):
         assert torch.equal(param.detach().cpu().view(torch.int16), new[name].view(torch.int16)), name
 
 
-def test_codec_device_extraction_on_cuda_tensors_is_byte_identical_to_the_host():
-    layout = ModelLayout.from_config({**TINY_QWEN3, "tie_word_embeddings": False})
-    old = random_state(layout, seed=5)
-    new = perturb(old, fraction=0.05, seed=6)
+def _encoded_on_host_and_device(layout: ModelLayout, seed: int):
+    """A random state and a 5 % perturbation of it (seeds ``seed``, ``seed + 1``): the new state, both states on
+    the GPU, and version 1 encoded from the host tensors and from the GPU tensors."""
+    old = random_state(layout, seed=seed)
+    new = perturb(old, fraction=0.05, seed=seed + 1)
     params = CodecParams(segment_bytes=4096)
     on_gpu = ({n: t.to(CUDA) for n, t in old.items()}, {n: t.to(CUDA) for n, t in new.items()})
     host = encode(layout, old, new, 1, 0, digest_state(layout, old), params, extraction="host")
     device = encode(layout, *on_gpu, 1, 0, digest_state(layout, old), params, extraction="device")
+    return new, on_gpu, host, device
+
+
+def test_codec_device_extraction_on_cuda_tensors_is_byte_identical_to_the_host():
+    layout = ModelLayout.from_config({**TINY_QWEN3, "tie_word_embeddings": False})
+    new, on_gpu, host, device = _encoded_on_host_and_device(layout, seed=5)
     assert device[0].to_bytes() == host[0].to_bytes()
     assert [s.data for s in device[1]] == [s.data for s in host[1]]
     target = TensorTarget.from_state(layout, {n: t.clone() for n, t in on_gpu[0].items()}, version=0)
@@ -135,12 +142,7 @@ def test_transposed_experts_encode_and_apply_on_cuda_tensors_as_on_the_host():
                "head_dim": 16, "intermediate_size": 48, "num_hidden_layers": 2, "vocab_size": 37,
                "num_local_experts": 3, "attention_bias": True}
     layout = ModelLayout.from_config(gpt_oss)
-    old = random_state(layout, seed=7)
-    new = perturb(old, fraction=0.05, seed=8)
-    params = CodecParams(segment_bytes=4096)
-    on_gpu = ({n: t.to(CUDA) for n, t in old.items()}, {n: t.to(CUDA) for n, t in new.items()})
-    host = encode(layout, old, new, 1, 0, digest_state(layout, old), params, extraction="host")
-    device = encode(layout, *on_gpu, 1, 0, digest_state(layout, old), params, extraction="device")
+    new, on_gpu, host, device = _encoded_on_host_and_device(layout, seed=7)
     assert [s.data for s in device[1]] == [s.data for s in host[1]]
     state = {n: t.clone() for n, t in on_gpu[0].items()}
     target = TensorTarget.from_state(layout, state, version=0)
