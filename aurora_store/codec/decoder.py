@@ -266,8 +266,10 @@ def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tupl
 
     def stage_group(group: list[tuple[str, list[DecodedChunk], torch.Tensor]],
                     ) -> list[tuple[TensorUpdate, WeightsDigest]]:
-        olds = [gathered[name] for name, _, _ in group] if gathered or not group else \
-            target.gather_many([(name, indices) for name, _, indices in group])
+        if gathered or not group:  # read already (or nothing to read: no empty round trip)
+            olds = [gathered[name] for name, _, _ in group]
+        else:
+            olds = target.gather_many([(name, indices) for name, _, indices in group])
         out = []
         for (name, chunks, indices), old in zip(group, olds):
             new, moved = decode_tensor(name, chunks, indices, old)
