@@ -36,7 +36,7 @@ class LocalCluster:
         # The run's secret for the relays' segment caches (relays serve, actors read), through the environment.
         # The operator's admission secret: the trainer admits only actors that prove registration with it.
         env = {"AURORA_CACHE_TOKEN": secrets.token_urlsafe(24), "AURORA_ADMISSION_SECRET": secrets.token_urlsafe(24),
-               **spec.env}
+               **spec.thread_env(), **spec.env}
         self.admission_secret = env["AURORA_ADMISSION_SECRET"]
         self.cache_token = env["AURORA_CACHE_TOKEN"]
         self.group = ProcessGroup(self.run_dir / "logs", env=env)
