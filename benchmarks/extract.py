@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from aurora_store.codec import CodecParams, ModelLayout
-from aurora_store.codec.digest import ZERO, WeightsDigest
 from aurora_store.codec.sharding import DeltaPart, LocalRows, even_rows, row_pieces, rows_digest
+from aurora_store.codec.weights_digest import ZERO, WeightsDigest
 from benchmarks import baselines
 from benchmarks.synthetic import QWEN3_BENCH_CONFIG, AdamSimulator
 

@@ -20,7 +20,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 from aurora_store.codec import jsondoc
-from aurora_store.codec.digest import WeightsDigest
+from aurora_store.codec.weights_digest import WeightsDigest
 from aurora_store.errors import FormatError, MessageError
 
 #: Largest version any message may name: the largest a bucket's object names spell (12 digits,

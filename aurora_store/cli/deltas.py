@@ -12,7 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from aurora_store.codec import CodecParams, ModelLayout, TensorTarget, digest_state, pieces_from_states
-from aurora_store.codec.digest import WeightsDigest
+from aurora_store.codec.weights_digest import WeightsDigest
 from aurora_store.config import CommandDefaults, TransferSettings
 from aurora_store.errors import AuroraError, ConfigError, LayoutError, VersionExistsError, VersionNotFoundError
 from aurora_store.follow import BucketChain, Follower

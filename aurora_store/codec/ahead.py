@@ -29,12 +29,12 @@ from aurora_store.codec.decoder import (
     decode_segment,
     verify_segment,
 )
-from aurora_store.codec.digest import WeightsDigest
 from aurora_store.codec.manifest import ChunkRef, DeltaManifest, SegmentRef
 from aurora_store.codec.params import CodecParams
 from aurora_store.codec.segment import unpack
 from aurora_store.codec.streams import apply_values
 from aurora_store.codec.target import SupportsScatterPlan, WeightTarget
+from aurora_store.codec.weights_digest import WeightsDigest
 from aurora_store.errors import CorruptSegmentError, DigestMismatchError, ManifestError
 
 

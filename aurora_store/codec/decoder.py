@@ -21,13 +21,13 @@ import torch
 import zstandard
 
 from aurora_store.codec import kernels, leb128
-from aurora_store.codec.digest import WeightsDigest
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.manifest import ChunkRef, DeltaManifest, SegmentRef
 from aurora_store.codec.params import CodecParams
 from aurora_store.codec.segment import ChunkHeader, Entropy, ValueTransform, unpack
 from aurora_store.codec.streams import apply_values, chunk_indices
 from aurora_store.codec.target import ScatterPlan, SupportsScatterPlan, TensorTarget, WeightTarget
+from aurora_store.codec.weights_digest import WeightsDigest
 from aurora_store.errors import (
     BaseVersionMismatchError,
     CorruptSegmentError,

@@ -17,49 +17,20 @@ spread over threads); on an accelerator, with torch ops (``lanes_on_device``). B
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from aurora_store.codec import kernels
-from aurora_store.errors import FormatError
 
-ALGORITHM = "lthash128"
-LANES = 2
+# the value type lives in its own module (no numpy or torch for those who only pass digests along)
+from aurora_store.codec.weights_digest import ALGORITHM as ALGORITHM
+from aurora_store.codec.weights_digest import LANES, ZERO, WeightsDigest
+
 _MASK = (1 << 64) - 1
 _K1 = np.uint64(0xFF51AFD7ED558CCD)
 _K2 = np.uint64(0xC4CEB9FE1A85EC53)
-_PATTERN = re.compile(rf"^{ALGORITHM}:([0-9a-f]{{32}})$")
-
-
-@dataclass(frozen=True)
-class WeightsDigest:
-    """A 128-bit additive digest (two 64-bit lanes)."""
-
-    lanes: tuple[int, int] = (0, 0)
-
-    def __add__(self, other: WeightsDigest) -> WeightsDigest:
-        return WeightsDigest(tuple((a + b) & _MASK for a, b in zip(self.lanes, other.lanes)))  # type: ignore[arg-type]
-
-    def __sub__(self, other: WeightsDigest) -> WeightsDigest:
-        return WeightsDigest(tuple((a - b) & _MASK for a, b in zip(self.lanes, other.lanes)))  # type: ignore[arg-type]
-
-    def __str__(self) -> str:
-        return f"{ALGORITHM}:" + "".join(f"{lane:016x}" for lane in self.lanes)
-
-    @classmethod
-    def parse(cls, text: str) -> WeightsDigest:
-        match = _PATTERN.match(text) if isinstance(text, str) else None
-        if not match:
-            raise FormatError(f"not a {ALGORITHM} digest: {text!r}")
-        hexdigits = match.group(1)
-        return cls((int(hexdigits[:16], 16), int(hexdigits[16:], 16)))
-
-
-ZERO = WeightsDigest()
 
 
 def _seeds(tensor_name: str) -> tuple[np.uint64, np.uint64]:

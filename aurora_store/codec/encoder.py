@@ -21,13 +21,13 @@ import torch
 import zstandard
 
 from aurora_store.codec import kernels
-from aurora_store.codec.digest import ZERO, WeightsDigest
 from aurora_store.codec.extract import Changes, DeviceExtraction, changes_on_host
 from aurora_store.codec.layout import InferenceTensor, ModelLayout, bits_view
 from aurora_store.codec.manifest import ChunkRef, SegmentRef
 from aurora_store.codec.params import CodecParams
 from aurora_store.codec.segment import ChunkHeader, EncodedChunk, Entropy, ValueTransform, pack
 from aurora_store.codec.values import encode_values
+from aurora_store.codec.weights_digest import ZERO, WeightsDigest
 from aurora_store.errors import LayoutError
 
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aurora_store.codec import jsondoc
-from aurora_store.codec.digest import WeightsDigest
 from aurora_store.codec.document import SignedDocument
 from aurora_store.codec.params import CodecParams
+from aurora_store.codec.weights_digest import WeightsDigest
 from aurora_store.errors import FormatError, ManifestError
 
 DELTA_FORMAT = "aurora.delta/1"

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aurora_store.codec.decoder import Staged, StagedDelta, activate
-from aurora_store.codec.digest import WeightsDigest
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.manifest import DeltaManifest, SegmentRef
 from aurora_store.codec.params import CodecParams
 from aurora_store.codec.target import WeightTarget
+from aurora_store.codec.weights_digest import WeightsDigest
 from aurora_store.errors import AuroraError, BaseVersionMismatchError, DigestMismatchError, VersionNotFoundError
 from aurora_store.follow.ahead import DecodeAhead
 from aurora_store.follow.chain import BAD_COPY_ERRORS, BucketChain
@@ -39,7 +39,8 @@ from aurora_store.follow.sources import OnRead, SegmentReader, SourcesFor
 from aurora_store.follow.stage import stage_snapshot, stage_version
 from aurora_store.metrics import Metrics
 from aurora_store.progress import Progress
-from aurora_store.store.snapshots import SnapshotManifest, load_snapshot, read_snapshot_manifest
+from aurora_store.store.snapshot_manifest import SnapshotManifest, read_snapshot_manifest
+from aurora_store.store.snapshots import load_snapshot
 from aurora_store.store.transfer import fetch_segments
 from aurora_store.store.versions import DeltaStore
 

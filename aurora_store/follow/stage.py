@@ -15,7 +15,8 @@ from aurora_store.codec.manifest import DeltaManifest, SegmentRef
 from aurora_store.codec.target import SupportsScatterPlan, WeightTarget
 from aurora_store.errors import BaseVersionMismatchError, DigestMismatchError, LayoutMismatchError
 from aurora_store.store.pool import shared_pool
-from aurora_store.store.snapshots import SnapshotManifest, fetch_snapshot_file, read_snapshot_manifest
+from aurora_store.store.snapshot_manifest import SnapshotManifest, read_snapshot_manifest
+from aurora_store.store.snapshots import fetch_snapshot_file
 from aurora_store.store.transfer import fetch_segments
 from aurora_store.store.versions import DeltaStore
 from aurora_store.store.weightfile import tensor_views

@@ -28,7 +28,7 @@ from aurora_store.errors import AuroraError, ConfigError
 from aurora_store.ops import runlog
 from aurora_store.ops.status import resolve_run
 from aurora_store.store import history
-from aurora_store.store.snapshots import read_snapshot_manifest
+from aurora_store.store.snapshot_manifest import read_snapshot_manifest
 from aurora_store.store.versions import DeltaStore
 
 BYTES_PER_ELEMENT = 2  # bf16 / fp16: what a full copy of the published weights costs

@@ -17,7 +17,7 @@ from aurora_store.errors import FormatError, ObjectNotFoundError, StoreError
 from aurora_store.ops.problems import Problem
 from aurora_store.store import object_names, retry
 from aurora_store.store.pool import shared_pool
-from aurora_store.store.snapshots import SnapshotManifest
+from aurora_store.store.snapshot_manifest import SnapshotManifest
 from aurora_store.store.versions import DeltaStore
 
 T = TypeVar("T")

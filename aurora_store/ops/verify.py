@@ -34,7 +34,7 @@ from aurora_store.ops.inventory import Inventory, object_size, parallel_map, rea
 from aurora_store.ops.problems import CODES, Problem
 from aurora_store.ops.reproduce import replay_between_snapshots
 from aurora_store.store import object_names
-from aurora_store.store.snapshots import SnapshotFile, SnapshotManifest
+from aurora_store.store.snapshot_manifest import SnapshotFile, SnapshotManifest
 from aurora_store.store.versions import DeltaStore
 
 ManifestHook = Callable[[DeltaManifest | SnapshotManifest], None]

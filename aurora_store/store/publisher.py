@@ -15,12 +15,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aurora_store.codec.digest import WeightsDigest
 from aurora_store.codec.encoder import DeltaEncoder, Piece
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.manifest import DeltaManifest
 from aurora_store.codec.params import CodecParams
 from aurora_store.codec.sharding import DeltaPart, merge_parts, track_spans
+from aurora_store.codec.weights_digest import WeightsDigest
 from aurora_store.errors import IntegrityError
 from aurora_store.store import history
 from aurora_store.store.pool import shared_pool

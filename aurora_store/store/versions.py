@@ -15,11 +15,10 @@ import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aurora_store.codec import jsondoc
 from aurora_store.codec.document import canonical_json
-from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.manifest import DeltaManifest, SegmentRef
 from aurora_store.config import TransferSettings
 from aurora_store.errors import (
@@ -35,6 +34,9 @@ from aurora_store.errors import (
 from aurora_store.store import object_names, retry
 from aurora_store.store.base import Bucket
 from aurora_store.store.url import open_bucket
+
+if TYPE_CHECKING:  # torch-free at import: relays and the CLI read stores without the codec's tensors
+    from aurora_store.codec.layout import ModelLayout
 
 
 class DeltaStore:
@@ -207,6 +209,8 @@ class DeltaStore:
             raise LayoutError(f"layout {fingerprint} is not stored in {self.url}") from None
         try:
             doc = jsondoc.load_object(data, what=f"layout {fingerprint[:80]}", error=LayoutError)
+            from aurora_store.codec.layout import ModelLayout
+
             layout = ModelLayout.from_json(doc)
         except ValueError as exc:
             raise LayoutError(f"layout {fingerprint} in {self.url} is malformed: {exc}") from exc

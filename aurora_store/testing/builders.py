@@ -17,7 +17,7 @@ from aurora_store.codec import (
     WeightTarget,
     pieces_from_states,
 )
-from aurora_store.codec.digest import WeightsDigest
+from aurora_store.codec.weights_digest import WeightsDigest
 from aurora_store.store.publisher import PublishReport, VersionPublisher
 from aurora_store.store.transfer import SegmentCallback
 from aurora_store.store.versions import DeltaStore

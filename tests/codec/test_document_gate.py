@@ -17,7 +17,7 @@ from aurora_store.codec import DeltaManifest, ModelLayout, jsondoc
 from aurora_store.codec.document import canonical_json
 from aurora_store.errors import AuroraError, LayoutError, ManifestError, MessageError
 from aurora_store.store import DeltaStore, object_names, open_bucket
-from aurora_store.store.snapshots import SnapshotManifest
+from aurora_store.store.snapshot_manifest import SnapshotManifest
 from aurora_store.testing.builders import TINY_QWEN3, encode, perturb, random_state, target_for
 
 LAYOUT = ModelLayout.from_config(TINY_QWEN3)

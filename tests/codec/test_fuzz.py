@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from aurora_store.codec import DeltaManifest, ModelLayout, SegmentRef, stage
 from aurora_store.codec.segment import unpack
 from aurora_store.errors import AuroraError
-from aurora_store.store.snapshots import SnapshotManifest
+from aurora_store.store.snapshot_manifest import SnapshotManifest
 from aurora_store.testing.builders import TINY_QWEN3, blobs, encode, perturb, random_state, target_for
 
 LAYOUT = ModelLayout.from_config(TINY_QWEN3)

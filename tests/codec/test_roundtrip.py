@@ -18,7 +18,7 @@ from aurora_store.codec import (
     apply_delta,
     digest_state,
 )
-from aurora_store.codec.digest import WeightsDigest
+from aurora_store.codec.weights_digest import WeightsDigest
 from aurora_store.errors import UnsupportedDtypeError
 from aurora_store.testing.builders import TINY_QWEN3, blobs, encode, perturb, random_state, target_for
 from benchmarks.synthetic import QWEN3_BENCH_CONFIG, AdamSimulator

@@ -15,7 +15,8 @@ from aurora_store.follow import follow, plan_catch_up
 from aurora_store.ops.gc import ORDER, collect_garbage, plan_gc
 from aurora_store.ops.verify import verify_bucket
 from aurora_store.store import DeltaStore, history, object_names
-from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
+from aurora_store.store.snapshot_manifest import read_snapshot_manifest
+from aurora_store.store.snapshots import load_snapshot
 from tests.ops.helpers import LAYOUT, Run, all_keys, build_bucket, rewrite, segment_keys, segment_of
 
 

@@ -16,7 +16,8 @@ from aurora_store.codec.layout import bits_view
 from aurora_store.errors import VersionExistsError
 from aurora_store.follow import follow, plan_catch_up
 from aurora_store.store import DeltaStore, open_bucket
-from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest, write_snapshot
+from aurora_store.store.snapshot_manifest import read_snapshot_manifest
+from aurora_store.store.snapshots import load_snapshot, write_snapshot
 from aurora_store.testing.builders import publish
 
 LAYOUT = ModelLayout.identity({"w": torch.zeros(64, dtype=torch.bfloat16), "b": torch.zeros(8, dtype=torch.bfloat16)})

@@ -17,7 +17,8 @@ from aurora_store.errors import (
     VersionNotFoundError,
 )
 from aurora_store.store import DeltaStore, history, object_names, open_bucket
-from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest, write_snapshot
+from aurora_store.store.snapshot_manifest import read_snapshot_manifest
+from aurora_store.store.snapshots import load_snapshot, write_snapshot
 from aurora_store.store.transfer import fetch_segments
 from aurora_store.testing.builders import TINY_QWEN3, perturb, publish, random_state
 
@@ -184,7 +185,8 @@ def test_snapshot_file_with_a_misshaped_tensor_is_refused_by_name(store):
     # The file is intact (its SHA-256 is the manifest's) but one tensor has the wrong shape: a typed layout
     # error naming the problem, not a digest mismatch or a crash in the per-file hashing.
     from aurora_store.errors import LayoutError
-    from aurora_store.store.snapshots import create_snapshot_manifest, encode_weight_file, put_snapshot_file
+    from aurora_store.store.snapshot_manifest import create_snapshot_manifest
+    from aurora_store.store.snapshots import encode_weight_file, put_snapshot_file
 
     state = random_state(LAYOUT, 5)
     digest = digest_state(LAYOUT, state)

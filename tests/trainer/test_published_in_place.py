@@ -9,8 +9,8 @@ import uuid
 import torch
 
 from aurora_store.codec import CodecParams, ModelLayout, TensorTarget
-from aurora_store.codec.digest import WeightsDigest
 from aurora_store.codec.sharding import rows_digest
+from aurora_store.codec.weights_digest import WeightsDigest
 from aurora_store.follow import follow
 from aurora_store.store import DeltaStore
 from aurora_store.store.publisher import VersionPublisher

@@ -13,7 +13,8 @@ from aurora_store.codec import ModelLayout, TensorTarget, digest_state
 from aurora_store.errors import ConfigError, ManifestError, SignatureError
 from aurora_store.follow.stage import stage_version
 from aurora_store.store import DeltaStore, object_names, open_bucket
-from aurora_store.store.snapshots import read_snapshot_manifest, write_snapshot
+from aurora_store.store.snapshot_manifest import read_snapshot_manifest
+from aurora_store.store.snapshots import write_snapshot
 from aurora_store.testing.builders import TINY_QWEN3, perturb, random_state
 from aurora_store.trust import Signer, Verifier, generate_keypair, key_id, write_keypair
 

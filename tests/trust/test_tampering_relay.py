@@ -13,7 +13,8 @@ from aurora_store.codec import CodecParams, DeltaEncoder, DeltaManifest, TensorT
 from aurora_store.codec.layout import bits_view
 from aurora_store.follow import follow, plan_catch_up
 from aurora_store.store import object_names
-from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
+from aurora_store.store.snapshot_manifest import read_snapshot_manifest
+from aurora_store.store.snapshots import load_snapshot
 from workers.cluster import ClusterSpec, LocalCluster
 from workers.relay.cli import parse_args
 from workers.relay.relay import Relay

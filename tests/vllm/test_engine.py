@@ -21,7 +21,7 @@ from aurora_store.errors import (
     LayoutMismatchError,
 )
 from aurora_store.store import DeltaStore, open_bucket
-from aurora_store.store.snapshots import read_snapshot_manifest
+from aurora_store.store.snapshot_manifest import read_snapshot_manifest
 from aurora_store.testing.builders import publish
 from aurora_store.testing.targets import TargetCase, WeightTargetConformance
 from tests.vllm.helpers import (

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from aurora_store.codec import ModelLayout, digest_state
-from aurora_store.codec.digest import ZERO, WeightsDigest
 from aurora_store.codec.layout import bits_view
+from aurora_store.codec.weights_digest import ZERO, WeightsDigest
 from aurora_store.errors import BaseVersionMismatchError, CorruptSegmentError, MessageError
 from aurora_store.store import DeltaStore, open_bucket
 from aurora_store.testing.builders import perturb, publish, random_state

@@ -16,7 +16,8 @@ from aurora_store.bus import ActorState, ControlPlane
 from aurora_store.codec import TensorTarget, digest_state
 from aurora_store.follow import follow, plan_catch_up
 from aurora_store.store import DeltaStore, open_bucket
-from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
+from aurora_store.store.snapshot_manifest import read_snapshot_manifest
+from aurora_store.store.snapshots import load_snapshot
 from aurora_store.testing.members import Member
 from workers.cluster import ClusterSpec, LocalCluster
 

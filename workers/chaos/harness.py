@@ -22,7 +22,7 @@ from typing import Any
 
 from aurora_store.errors import AuroraError
 from aurora_store.store import DeltaStore
-from aurora_store.store.snapshots import read_snapshot_manifest
+from aurora_store.store.snapshot_manifest import read_snapshot_manifest
 from workers.cluster import ClusterSpec, LocalCluster
 
 #: Settings that make failures visible quickly: short heartbeat TTL and lease bounds, small batches.

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from aurora_store.store import DeltaStore, object_names, open_bucket
-from aurora_store.store.snapshots import read_snapshot_manifest
+from aurora_store.store.snapshot_manifest import read_snapshot_manifest
 from aurora_store.testing.servers import S3Server, environment
 from workers.chaos.faultproxy import FaultProxy, FaultRates
 from workers.chaos.harness import (

@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 
-from aurora_store.codec.digest import WeightsDigest
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.params import CodecParams
 from aurora_store.codec.sharding import LocalRows, even_rows, rows_digest
+from aurora_store.codec.weights_digest import WeightsDigest
 from aurora_store.config import TransferSettings
 from aurora_store.errors import ConfigError, LayoutError
 from aurora_store.store import DeltaStore, open_bucket

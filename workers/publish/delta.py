@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aurora_store.codec.digest import WeightsDigest
 from aurora_store.codec.manifest import SegmentRef
 from aurora_store.codec.sharding import DeltaPart, LocalRows, row_pieces
+from aurora_store.codec.weights_digest import WeightsDigest
 from aurora_store.errors import AuroraError, RankAborted
 from aurora_store.store.publisher import PublishReport, VersionPublisher
 from workers.publish.ranks import Ranks

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from aurora_store.codec.digest import WeightsDigest
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.sharding import LocalRows
+from aurora_store.codec.weights_digest import WeightsDigest
 from aurora_store.errors import AuroraError, RankAborted
 from aurora_store.store.snapshots import (
     DEFAULT_SHARD_BYTES,

@@ -27,7 +27,7 @@ from aurora_store.errors import AuroraError, ObjectNotFoundError, VersionExistsE
 from aurora_store.metrics import Metrics
 from aurora_store.store import DeltaStore, object_names, open_bucket
 from aurora_store.store.pool import shared_pool
-from aurora_store.store.snapshots import read_snapshot_manifest
+from aurora_store.store.snapshot_manifest import read_snapshot_manifest
 from aurora_store.trust import Verifier
 from workers import lifecycle
 from workers.relay.cli import RelayConfig, parse_args

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from aurora_store.codec import ModelLayout
-from aurora_store.codec.digest import WeightsDigest
+from aurora_store.codec.weights_digest import WeightsDigest
 from aurora_store.errors import AuroraError, ConfigError, DigestMismatchError
 from aurora_store.store import DeltaStore
 from aurora_store.store.publisher import utc_now

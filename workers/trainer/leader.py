@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aurora_store.bus import ControlPlane, TrainerState, VersionEvent
-from aurora_store.codec.digest import WeightsDigest
+from aurora_store.codec.weights_digest import WeightsDigest
 from aurora_store.config import CommandDefaults
 from aurora_store.errors import AuroraError
 from aurora_store.metrics import Metrics

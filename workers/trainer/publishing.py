@@ -8,13 +8,13 @@ from collections.abc import Callable
 
 from aurora_store.bus import ControlPlane, VersionEvent
 from aurora_store.codec import ModelLayout
-from aurora_store.codec.digest import ZERO, WeightsDigest
 from aurora_store.codec.manifest import SegmentRef
 from aurora_store.codec.sharding import LocalRows, rows_digest
+from aurora_store.codec.weights_digest import ZERO, WeightsDigest
 from aurora_store.errors import DigestMismatchError
 from aurora_store.store import DeltaStore
 from aurora_store.store.publisher import VersionPublisher, utc_now
-from aurora_store.store.snapshots import read_snapshot_manifest
+from aurora_store.store.snapshot_manifest import read_snapshot_manifest
 from aurora_store.trust import Signer
 from workers.publish.delta import PublishOutcome, RankPublisher
 from workers.publish.ranks import Ranks

@@ -14,7 +14,8 @@ from aurora_store.codec import ModelLayout, TensorTarget
 from aurora_store.codec.sharding import LocalRows
 from aurora_store.follow import follow, plan_catch_up
 from aurora_store.store import DeltaStore
-from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
+from aurora_store.store.snapshot_manifest import read_snapshot_manifest
+from aurora_store.store.snapshots import load_snapshot
 from workers.trainer.policy import ShardedPolicy
 
 

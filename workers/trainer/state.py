@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aurora_store.codec.digest import ZERO, WeightsDigest
+from aurora_store.codec.weights_digest import ZERO, WeightsDigest
 from workers.publish.ranks import Ranks
 from workers.trainer import checkpoint
 from workers.trainer.learner import ShardedLearner

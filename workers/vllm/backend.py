@@ -62,9 +62,9 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from aurora_store.codec.digest import WeightsDigest
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.manifest import DeltaManifest
+from aurora_store.codec.weights_digest import WeightsDigest
 from aurora_store.config import TransferSettings
 from aurora_store.errors import (
     BaseVersionMismatchError,
@@ -76,7 +76,7 @@ from aurora_store.errors import (
 )
 from aurora_store.follow import BucketChain, Follower
 from aurora_store.store import DeltaStore, open_bucket
-from aurora_store.store.snapshots import SnapshotManifest, read_snapshot_manifest
+from aurora_store.store.snapshot_manifest import SnapshotManifest, read_snapshot_manifest
 from aurora_store.trust import Verifier
 from workers.vllm.wire import BACKEND_NAME, EXTENSION_PATH, check_updates, unpack_updates
 from workers.vllm.worker import ModelTarget

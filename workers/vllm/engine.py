@@ -54,9 +54,9 @@ import torch
 
 from aurora_store.codec import ModelLayout
 from aurora_store.codec.decoder import StagedDelta, check_applicable
-from aurora_store.codec.digest import ZERO, WeightsDigest
 from aurora_store.codec.manifest import DeltaManifest
 from aurora_store.codec.target import check_indices, check_values
+from aurora_store.codec.weights_digest import ZERO, WeightsDigest
 from aurora_store.errors import AuroraError, ConfigError, DigestMismatchError, EngineError, LayoutError
 from aurora_store.follow.cache import RelayCache
 from aurora_store.follow.sources import SegmentSource

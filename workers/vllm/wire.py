@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from aurora_store.codec.digest import ZERO, WeightsDigest
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.target import check_indices, check_values
+from aurora_store.codec.weights_digest import ZERO, WeightsDigest
 from aurora_store.errors import LayoutError
 
 #: The ``aurora`` weight-transfer backend's name (``weight_transfer_config={"backend": "aurora"}``).

@@ -10,7 +10,8 @@ import pytest
 
 from aurora_store.codec import TensorTarget, digest_state
 from aurora_store.follow import follow, plan_catch_up
-from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
+from aurora_store.store.snapshot_manifest import read_snapshot_manifest
+from aurora_store.store.snapshots import load_snapshot
 from workers.cluster import ClusterSpec, LocalCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]

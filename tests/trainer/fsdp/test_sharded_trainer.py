@@ -18,7 +18,8 @@ from safetensors.torch import load_file
 from aurora_store.codec import ModelLayout, TensorTarget, digest_state
 from aurora_store.follow import follow
 from aurora_store.store import DeltaStore
-from aurora_store.store.snapshots import load_snapshot, read_snapshot_manifest
+from aurora_store.store.snapshot_manifest import read_snapshot_manifest
+from aurora_store.store.snapshots import load_snapshot
 from tests.trainer.fsdp.worker import MODEL_CONFIG
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,8 @@ from aurora_store.codec.sharding import DeltaPart, LocalRows, even_rows, merge_p
 from aurora_store.errors import LayoutError
 from aurora_store.store import DeltaStore
 from aurora_store.store.publisher import VersionPublisher
-from aurora_store.store.snapshots import read_snapshot_manifest, write_snapshot
+from aurora_store.store.snapshot_manifest import read_snapshot_manifest
+from aurora_store.store.snapshots import write_snapshot
 from workers.publish.delta import RankPublisher
 from workers.publish.ranks import Ranks
 from workers.publish.snapshot import owners, plan_files, write_sharded_snapshot

@@ -22,8 +22,8 @@ import torch
 from safetensors.torch import save_file
 
 from aurora_store.codec import CodecParams, ModelLayout
-from aurora_store.codec.digest import ZERO, WeightsDigest
 from aurora_store.codec.sharding import rows_digest
+from aurora_store.codec.weights_digest import ZERO, WeightsDigest
 from aurora_store.errors import ConfigError
 from aurora_store.store import DeltaStore, object_names
 from aurora_store.store.publisher import VersionPublisher
