@@ -68,9 +68,30 @@ def _expected(layout, state) -> dict[str, torch.Tensor]:
     return out
 
 
+def _held_apart(engine) -> list[bool]:
+    """Whether each layer's absorbed tensors alias its kv_b_proj storage (vLLM 0.32's unquantized path: views of
+    ``kv_b_proj.weight.T``), then give them storage of their own, as backends that dequantize, cast or pack
+    kv_b_proj hold them — so a write reaches them only through the refresh."""
+    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+
+    def split(worker) -> list[bool]:
+        aliased = []
+        for module in worker.model_runner.get_model().modules():
+            if isinstance(module, MLAAttention):
+                base = module.kv_b_proj.weight.untyped_storage().data_ptr()
+                aliased.append(all(getattr(module, n).untyped_storage().data_ptr() == base
+                                   for n in ("W_UK_T", "W_UV")))
+                for n in ("W_UK_T", "W_UV"):
+                    setattr(module, n, torch.nn.Parameter(getattr(module, n).detach().clone(), requires_grad=False))
+        return aliased
+
+    return engine.llm.collective_rpc(split)[0]
+
+
 def test_an_adam_step_lands_and_refreshes_the_absorbed_tensors(mla_engine, mla_run):
     layout = mla_run.layout
     derived = [e for e in layout.engine_only if e.source is not None]
+    assert _held_apart(mla_engine) == [True] * CONFIG["num_hidden_layers"]
     before = _derived(mla_engine, layout)
     # At load: vLLM's absorbed tensors are the formula's (so the formula below is vLLM's own derivation).
     for name, want in _expected(layout, mla_run.states[0]).items():

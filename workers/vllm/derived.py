@@ -12,7 +12,10 @@ the existing parameters (``replace_parameter(..., prefer_copy=True)``, which kee
 idempotent on the reference CPU backend and on GPU backends without weight packing, so the refresh *is* vLLM's own
 code path, run again on the new ``kv_b_proj``: what the engine holds afterwards is exactly what a fresh load of
 the same weights computes. vLLM's AMX MLA backend instead packs private copies and frees ``kv_b_proj`` (shape
-``[0]``), so nothing could be written or refreshed in place: binding refuses it, saying so.
+``[0]``), so nothing could be written or refreshed in place: binding refuses it, saying so. (On vLLM 0.32's
+unquantized path the absorbed tensors are views of ``kv_b_proj.weight``'s own storage, so a write already reaches
+them and the refresh re-copies the same bytes; backends that dequantize, cast or pack hold copies, which only the
+refresh updates — ``tests/vllm/test_mla_activation.py`` checks both.)
 """
 
 from __future__ import annotations
