@@ -24,8 +24,8 @@ DeepSeek-V3 (whose architecture Kimi-K2 and DeepSeek-V2 share; only deepseek_v3 
 latent attention (:class:`Mla`): low-rank q and kv projections, which vLLM fuses as ``fused_qkv_a_proj`` =
 ``q_a_proj`` rows then ``kv_a_proj_with_mqa`` rows when ``q_lora_rank`` is set. vLLM *derives* tensors from
 ``kv_b_proj`` after loading (the absorbed ``W_UK_T`` and ``W_UV`` its decode path multiplies by);
-they are engine parameters no trainer tensor makes, so the layout declares them as :class:`EngineOnly` with the rule that recomputes them after a write
-(``workers.vllm.derived``), as it declares the router's ``e_score_correction_bias``, a float32 buffer the trainer
+they are engine parameters no trainer tensor makes, so the layout declares them as :class:`EngineOnly` with
+the rule that recomputes them after a write (``workers.vllm.derived``), as it declares the router's ``e_score_correction_bias``, a float32 buffer the trainer
 never trains (constant, loaded once from the checkpoint).
 
 This module knows nothing of tensors: it returns :class:`TensorSpec` values that
