@@ -23,10 +23,10 @@ so only the transpose is a fact, not a de-interleave. Such a component carries a
 DeepSeek-V3 (whose architecture Kimi-K2 and DeepSeek-V2 share; only deepseek_v3 is proven) uses multi-head
 latent attention (:class:`Mla`): low-rank q and kv projections, which vLLM fuses as ``fused_qkv_a_proj`` =
 ``q_a_proj`` rows then ``kv_a_proj_with_mqa`` rows when ``q_lora_rank`` is set. vLLM *derives* tensors from
-``kv_b_proj`` after loading (the absorbed ``W_UK_T`` and ``W_UV`` its decode path multiplies by);
-they are engine parameters no trainer tensor makes, so the layout declares them as :class:`EngineOnly` with
-the rule that recomputes them after a write (``workers.vllm.derived``), as it declares the router's ``e_score_correction_bias``, a float32 buffer the trainer
-never trains (constant, loaded once from the checkpoint).
+``kv_b_proj`` after loading (the absorbed ``W_UK_T`` and ``W_UV`` its decode path multiplies by); they are
+engine parameters no trainer tensor makes, so the layout declares them as :class:`EngineOnly` with the rule
+that recomputes them after a write (``workers.vllm.derived``), as it declares the router's
+``e_score_correction_bias``, a float32 buffer the trainer never trains (a constant, loaded once).
 
 This module knows nothing of tensors: it returns :class:`TensorSpec` values that
 :class:`~aurora_store.codec.layout.ModelLayout` turns into its inference tensors.
