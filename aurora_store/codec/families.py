@@ -20,6 +20,14 @@ so only the transpose is a fact, not a de-interleave. Such a component carries a
 :class:`~aurora_store.codec.order.ElementOrder`; the engine's names differ from the trainer's too
 (``self_attn`` → ``attn``, ``embed_tokens`` → ``embedding``: :attr:`Family.renames`).
 
+DeepSeek-V3 (whose architecture Kimi-K2 and DeepSeek-V2 share; only deepseek_v3 is proven) uses multi-head
+latent attention (:class:`Mla`): low-rank q and kv projections, which vLLM fuses as ``fused_qkv_a_proj`` =
+``q_a_proj`` rows then ``kv_a_proj_with_mqa`` rows when ``q_lora_rank`` is set. vLLM *derives* tensors from
+``kv_b_proj`` after loading (the absorbed ``W_UK_T`` and ``W_UV`` its decode path multiplies by); they are
+engine parameters no trainer tensor makes, so the layout declares them as :class:`EngineOnly` with the rule
+that recomputes them after a write (``workers.vllm.derived``), as it declares the router's
+``e_score_correction_bias``, a float32 buffer the trainer never trains (a constant, loaded once).
+
 This module knows nothing of tensors: it returns :class:`TensorSpec` values that
 :class:`~aurora_store.codec.layout.ModelLayout` turns into its inference tensors.
 """
@@ -65,8 +73,9 @@ class Experts:
     #: Config fields: number of routed experts, each expert's intermediate size.
     count_key: str
     inter_key: str
-    #: Which layers are sparse: "all", or "step" (Qwen-MoE's ``decoder_sparse_step`` and ``mlp_only_layers``).
-    sparse_layers: Literal["all", "step"] = "all"
+    #: Which layers are sparse: "all", "step" (Qwen-MoE's ``decoder_sparse_step`` and ``mlp_only_layers``), or
+    #: "first_k_dense" (DeepSeek's ``first_k_dense_replace`` dense layers, then every ``moe_layer_freq``-th).
+    sparse_layers: Literal["all", "step", "first_k_dense"] = "all"
     #: The router's module name under ``block`` (vLLM's and the trainer's alike), and whether it has a bias.
     router: str = "gate"
     router_bias: bool = False
@@ -82,11 +91,43 @@ class Experts:
     #: Checkpoint names of each expert's gate, up and down projections (vLLM's expert-parameter mapping);
     #: ``None``: saved checkpoints hold the same 3-D tensors as memory.
     checkpoint_names: tuple[str, str, str] | None = None
+    #: Config field counting always-on shared experts, which vLLM runs as one dense MLP under ``block``
+    #: (``shared_experts.gate_up_proj`` of ``count × inter`` rows each for gate and up); ``None``: none.
+    shared_key: str | None = None
+    #: The router's score-correction bias (``gate.e_score_correction_bias``) exists when the config's
+    #: ``topk_method`` is this value; the trainer holds it as a buffer it never trains (an engine-only constant).
+    correction_bias_when: str | None = None
 
     def __post_init__(self) -> None:
         if self.checkpoint_names is not None and (self.stored != "engine" or self.deinterleave or self.bias):
             # Per-expert 2-D tensors stack in storage order; a family that needs more has to say how.
             raise LayoutError("per-expert checkpoint names go with experts stored in vLLM's order, without biases")
+
+
+@dataclass(frozen=True)
+class Mla:
+    """Multi-head latent attention (DeepSeek-V2/V3): which tensors vLLM derives from ``kv_b_proj`` after loading,
+    under the attention module (``self_attn.``), and the name of the rule that recomputes them."""
+
+    #: vLLM's absorbed ``W_UK`` (as ``[heads, nope, kv_lora_rank]``) and ``W_UV`` (``[heads, kv_lora_rank, v]``).
+    derived: tuple[str, ...] = ("mla_attn.mla_attn.W_UK_T", "mla_attn.mla_attn.W_UV")
+    #: The refresh rule (a registry entry engines implement: ``workers.vllm.derived.REFRESHERS``).
+    refresh: str = "mla_absorb"
+    #: vLLM's ``fused_qkv_a_proj`` holds ``q_a_proj`` rows, then ``kv_a_proj_with_mqa`` rows (its shard ids 0, 1).
+    q_a_first: bool = True
+
+
+@dataclass(frozen=True)
+class EngineOnly:
+    """An engine parameter the layout does not ship: ``rule`` ``"constant"`` (loaded once, never trained:
+    ``source`` is ``None``) or the name of the rule that recomputes it from the layout tensor ``source``."""
+
+    name: str
+    rule: str
+    source: str | None = None
+
+
+CONSTANT = "constant"
 
 
 @dataclass(frozen=True)
@@ -111,6 +152,8 @@ class Family:
     sinks: bool = False
     #: Engine name = trainer name with each ``(old, new)`` substring replaced (vLLM's ``hf_to_vllm_mapper``).
     renames: tuple[tuple[str, str], ...] = ()
+    #: Multi-head latent attention instead of q/k/v projections (``None``: ordinary attention).
+    mla: Mla | None = None
 
     def engine_name(self, train_name: str) -> str:
         for old, new in self.renames:
@@ -120,6 +163,11 @@ class Family:
 
 _SANDWICH = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
              "post_feedforward_layernorm")
+
+_DEEPSEEK = Family(mla=Mla(), experts=Experts("mlp", "n_routed_experts", "moe_intermediate_size",
+                                             sparse_layers="first_k_dense",
+                                             checkpoint_names=("gate_proj", "up_proj", "down_proj"),
+                                             shared_key="n_shared_experts", correction_bias_when="noaux_tc"))
 
 #: model_type → facts. Gemma 3's norms hold ``w`` of ``(1 + w)·x̂`` and its embedding is scaled at run time,
 #: in both engines alike, so the stored tensors are shipped unchanged.
@@ -141,18 +189,18 @@ FAMILIES: dict[str, Family] = {
                       renames=(("model.embed_tokens.", "model.embedding."), (".self_attn.", ".attn.")),
                       experts=Experts("mlp", "num_local_experts", "intermediate_size", router="router",
                                       router_bias=True, bias=True, stored="transposed")),
+    # Dense first_k_dense_replace layers, then routed experts + shared experts + a score-corrected router.
+    "deepseek_v3": _DEEPSEEK,
 }
 #: Aliases transformers uses for the same family.
 MODEL_TYPE_ALIASES = {"gemma3": "gemma3_text"}
 
 #: Families Aurora knows and refuses, with the reason (a clear error at step 0 beats a silent gap later).
 REFUSED: dict[str, str] = {
-    "deepseek_v2": "multi-head latent attention: vLLM derives absorbed tensors (W_UK, W_UV) from kv_b_proj "
-                   "after loading, which in-place writes would leave stale",
-    "deepseek_v3": "multi-head latent attention: vLLM derives absorbed tensors (W_UK, W_UV) from kv_b_proj "
-                   "after loading, which in-place writes would leave stale",
-    "kimi_k2": "multi-head latent attention (DeepSeek-V3 architecture): vLLM derives absorbed tensors from "
-               "kv_b_proj after loading, which in-place writes would leave stale",
+    "deepseek_v2": "multi-head latent attention like deepseek_v3, but its layout is not proven against vLLM "
+                   "(greedy top-k routers, q_proj when q_lora_rank is null): use deepseek_v3's facts only once proven",
+    "kimi_k2": "DeepSeek-V3 architecture under a model_type transformers does not know (remote code): not proven "
+               "against vLLM",
 }
 
 
@@ -189,6 +237,9 @@ def _int(config: Mapping[str, Any], key: str, default: int | None = None) -> int
 def _sparse(experts: Experts, config: Mapping[str, Any], layer: int) -> bool:
     if experts.sparse_layers == "all":
         return True
+    if experts.sparse_layers == "first_k_dense":
+        freq = _int(config, "moe_layer_freq", 1)
+        return layer >= _int(config, "first_k_dense_replace", 0) and freq > 0 and layer % freq == 0
     step = _int(config, "decoder_sparse_step", 1)
     only_mlp = set(config.get("mlp_only_layers") or ())
     return layer not in only_mlp and step > 0 and (layer + 1) % step == 0
@@ -225,7 +276,9 @@ def decoder_specs(config: Mapping[str, Any], names: NameSet = "memory",
     for i in range(layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
-        for kind in kinds(_present(family.qkv_bias, config)):
+        if family.mla is not None:
+            specs += _mla_specs(family.mla, config, a, hidden, heads)
+        for kind in kinds(_present(family.qkv_bias, config)) if family.mla is None else ():
             tail = (hidden,) if kind == "weight" else ()
             if family.qkv == "fused":
                 specs.append(single(f"{a}qkv_proj.{kind}", (q_rows + 2 * kv_rows, *tail)))
@@ -233,7 +286,8 @@ def decoder_specs(config: Mapping[str, Any], names: NameSet = "memory",
                 specs.append(stacked(f"{a}qkv_proj.{kind}", [(f"{a}q_proj.{kind}", q_rows),
                                                              (f"{a}k_proj.{kind}", kv_rows),
                                                              (f"{a}v_proj.{kind}", kv_rows)], tail))
-        specs.append(single(f"{a}o_proj.weight", (hidden, q_rows)))
+        if family.mla is None:
+            specs.append(single(f"{a}o_proj.weight", (hidden, q_rows)))
         if _present(family.o_bias, config):
             specs.append(single(f"{a}o_proj.bias", (hidden,)))
         if family.sinks:
@@ -253,6 +307,45 @@ def decoder_specs(config: Mapping[str, Any], names: NameSet = "memory",
         return specs, (("lm_head.weight", "model.embed_tokens.weight"),)
     specs.append(single("lm_head.weight", (vocab, hidden)))
     return specs, ()
+
+
+def _mla_specs(mla: Mla, config: Mapping[str, Any], a: str, hidden: int, heads: int) -> list[TensorSpec]:
+    """Multi-head latent attention's tensors (vLLM's names; the trainer's are the same but for the fusion)."""
+    q_rank = config.get("q_lora_rank")
+    kv_rank = _int(config, "kv_lora_rank")
+    nope, rope, v = _int(config, "qk_nope_head_dim"), _int(config, "qk_rope_head_dim"), _int(config, "v_head_dim")
+    q_rows, kv_a_rows = heads * (nope + rope), kv_rank + rope
+
+    def one(name: str, shape: tuple[int, ...]) -> TensorSpec:
+        return TensorSpec(a + name, shape, ((a + name, shape[0]),))
+
+    if q_rank is None:
+        specs = [one("q_proj.weight", (q_rows, hidden)), one("kv_a_proj_with_mqa.weight", (kv_a_rows, hidden))]
+    else:
+        rank = _int(config, "q_lora_rank")
+        parts = ((a + "q_a_proj.weight", rank), (a + "kv_a_proj_with_mqa.weight", kv_a_rows))
+        specs = [TensorSpec(a + "fused_qkv_a_proj.weight", (rank + kv_a_rows, hidden),
+                            parts if mla.q_a_first else parts[::-1]),
+                 one("q_a_layernorm.weight", (rank,)), one("q_b_proj.weight", (q_rows, rank))]
+    return [*specs, one("kv_a_layernorm.weight", (kv_rank,)), one("kv_b_proj.weight", (heads * (nope + v), kv_rank)),
+            one("o_proj.weight", (hidden, heads * v))]
+
+
+def engine_only(config: Mapping[str, Any], family: Family | None = None) -> tuple[EngineOnly, ...]:
+    """The engine parameters of a decoder that no trainer tensor makes (see :class:`EngineOnly`), in order."""
+    if family is None:
+        _, family = family_of(config)
+    found: list[EngineOnly] = []
+    experts = family.experts
+    for i in range(_int(config, "num_hidden_layers")):
+        p = f"model.layers.{i}."
+        if family.mla is not None:
+            source = p + "self_attn.kv_b_proj.weight"
+            found += [EngineOnly(p + "self_attn." + d, family.mla.refresh, source) for d in family.mla.derived]
+        if (experts is not None and experts.correction_bias_when is not None and _sparse(experts, config, i)
+                and config.get("topk_method") == experts.correction_bias_when):
+            found.append(EngineOnly(p + f"{experts.block}.{experts.router}.e_score_correction_bias", CONSTANT))
+    return tuple(found)
 
 
 def _dense_mlp_specs(family: Family, config: Mapping[str, Any], m: str, hidden: int, kinds) -> list[TensorSpec]:
@@ -286,6 +379,12 @@ def _expert_specs(experts: Experts, config: Mapping[str, Any], p: str, hidden: i
     specs = [TensorSpec(block + f"{experts.router}.weight", (count, hidden), ((router_at + "weight", count),))]
     if experts.router_bias:
         specs.append(TensorSpec(block + f"{experts.router}.bias", (count,), ((router_at + "bias", count),)))
+    if experts.shared_key is not None and config.get(experts.shared_key):
+        shared = _int(config, experts.shared_key) * inter
+        at = block + "shared_experts."
+        specs += [TensorSpec(at + "gate_up_proj.weight", (2 * shared, hidden),
+                             ((at + "gate_proj.weight", shared), (at + "up_proj.weight", shared))),
+                  TensorSpec(at + "down_proj.weight", (hidden, shared), ((at + "down_proj.weight", hidden),))]
     if not per_expert:
         # transformers 5 holds each projection of all experts as one tensor, in vLLM's own order or its own.
         mem = p + "mlp.experts."

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from aurora_store.codec import jsondoc
-from aurora_store.codec.families import Family, NameSet, decoder_specs
+from aurora_store.codec.families import CONSTANT, EngineOnly, Family, NameSet, decoder_specs, engine_only
 from aurora_store.codec.order import ElementOrder
 from aurora_store.codec.segment import MAX_NAME_BYTES
 from aurora_store.errors import LayoutCoverageError, LayoutError, UnsupportedDtypeError
@@ -107,11 +107,14 @@ class ModelLayout:
     """The complete, ordered set of inference tensors of one model and where each training tensor goes.
 
     ``aliases`` lists training names that are the same tensor as another one (tied ``lm_head``): they are
-    accepted in state dicts but never shipped twice.
+    accepted in state dicts but never shipped twice. ``engine_only`` lists the engine parameters no training
+    tensor makes: constants, and tensors the engine derives from a layout tensor after loading, which a write to
+    that tensor must refresh (:class:`~aurora_store.codec.families.EngineOnly`).
     """
 
     tensors: tuple[InferenceTensor, ...]
     aliases: tuple[tuple[str, str], ...] = field(default=())
+    engine_only: tuple[EngineOnly, ...] = field(default=())
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tensors]
@@ -142,6 +145,23 @@ class ModelLayout:
                 expected += comp.rows
             if expected != tensor.rows:
                 raise LayoutError(f"{tensor.name}: components cover {expected} of {tensor.rows} rows")
+        extra = [e.name for e in self.engine_only]
+        if len(set(extra)) != len(extra) or set(extra) & set(names):
+            raise LayoutError("an engine-only tensor is named twice or is also a layout tensor")
+        for entry in self.engine_only:
+            if (entry.source is None) != (entry.rule == CONSTANT) or (entry.source is not None
+                                                                     and entry.source not in names):
+                raise LayoutError(f"{entry.name}: a derived tensor needs a layout tensor as its source, a constant "
+                                  f"none (rule {entry.rule!r}, source {entry.source!r})")
+
+    @cached_property
+    def derived_from(self) -> dict[str, tuple[EngineOnly, ...]]:
+        """Layout tensor → the engine-only tensors derived from it (what a write to it must refresh)."""
+        found: dict[str, list[EngineOnly]] = {}
+        for entry in self.engine_only:
+            if entry.source is not None:
+                found.setdefault(entry.source, []).append(entry)
+        return {name: tuple(entries) for name, entries in found.items()}
 
     # --- lookup ----------------------------------------------------------------------------------
 
@@ -204,6 +224,8 @@ class ModelLayout:
                 for t in self.tensors
             ],
             "aliases": [list(pair) for pair in self.aliases],
+            # Written only where there are some, so other layouts keep their fingerprints.
+            **({"engine_only": [[e.name, e.rule, e.source] for e in self.engine_only]} if self.engine_only else {}),
         }
 
     @classmethod
@@ -229,11 +251,15 @@ class ModelLayout:
                                                stack_dims))
             aliases = tuple((jsondoc.text(a, "alias", LayoutError), jsondoc.text(b, "alias", LayoutError))
                             for a, b in doc.get("aliases", ()))
+            extra = tuple(EngineOnly(jsondoc.text(name, "engine-only name", LayoutError),
+                                     jsondoc.text(rule, "engine-only rule", LayoutError),
+                                     None if src is None else jsondoc.text(src, "engine-only source", LayoutError))
+                          for name, rule, src in doc.get("engine_only", ()))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, LayoutError):
                 raise
             raise LayoutError(f"malformed layout document: {exc}") from exc
-        return cls(tuple(tensors), aliases)
+        return cls(tuple(tensors), aliases, extra)
 
     @cached_property
     def fingerprint(self) -> str:
@@ -257,7 +283,7 @@ class ModelLayout:
                 comps.append(Component(train_name, offset, rows, spec.order))
                 offset += rows
             tensors.append(InferenceTensor(spec.name, spec.shape, tuple(comps), dtype, spec.stack_dims))
-        return cls(tuple(tensors), aliases)
+        return cls(tuple(tensors), aliases, engine_only(config, family))
 
     @classmethod
     def from_config_file(cls, path: str | Path, dtype: str = "bfloat16", *, names: NameSet = "memory") -> ModelLayout:

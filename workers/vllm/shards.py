@@ -176,8 +176,12 @@ def bind_layout(layout: ModelLayout, params: Mapping[str, torch.Tensor], tp_rank
                 tp_size: int) -> tuple[dict[str, Shard], list[str]]:
     """Bind the codec layout to a worker's parameters: ``(shards, problems)`` (no problems = bound).
     Every layout tensor must be an engine parameter of the same dtype and a compatible shape, and every
-    engine parameter must be in the layout — nothing may be left out of deltas and digests."""
-    problems = [f"engine parameter {n} is not in the layout" for n in params if n not in layout]
+    engine parameter must be in the layout — nothing may be left out of deltas and digests — or declared by it
+    as engine-only (a constant, or derived from a layout tensor and refreshed after writes:
+    :mod:`workers.vllm.derived`)."""
+    declared = {e.name for e in layout.engine_only}
+    problems = [f"engine parameter {n} is not in the layout" for n in params if n not in layout and n not in declared]
+    problems += [f"engine-only tensor {n} is not an engine parameter" for n in sorted(declared) if n not in params]
     shards: dict[str, Shard] = {}
     for tensor in layout.tensors:
         param = params.get(tensor.name)

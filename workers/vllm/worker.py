@@ -16,7 +16,9 @@ CPU backend that holds only because the ``aurora`` plugin selects vLLM's fallbac
 (:func:`workers.vllm.backend.keep_cpu_weights_addressable`); binding checks it (:func:`packed_layers`). Its MoE
 experts are repacked after loading into a blocked layout, a fixed permutation of each expert's elements that
 binding reads off vLLM's own packing function (:func:`repacked_experts`), so writes, reads and digests of those
-tensors go through it: the kernels' copy is the only copy, updated in place.
+tensors go through it: the kernels' copy is the only copy, updated in place. Tensors vLLM derives from a written
+tensor after loading (MLA's absorbed ``W_UK_T`` / ``W_UV`` from ``kv_b_proj``) are recomputed after each write by
+the rule the layout names (:mod:`workers.vllm.derived`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from aurora_store.codec.digest import ZERO, WeightsDigest, hash_elements, hash_r
 from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.target import check_indices, check_values
 from aurora_store.errors import BaseVersionMismatchError, LayoutError
+from workers.vllm.derived import bind_refreshes
 from workers.vllm.held import HeldStager, StageRequest, write_slice
 from workers.vllm.shards import Shard, bind_layout, permuted, slab_permutation
 from workers.vllm.wire import unpack_indices
@@ -168,6 +171,7 @@ def bind_model(layout: ModelLayout, model: torch.nn.Module, tp_rank: int, tp_siz
     addressable in place)."""
     params = dict(model.named_parameters())
     shards, problems = bind_layout(layout, params, tp_rank, tp_size)
+    problems += bind_refreshes(layout, model)[1]
     problems += [f"{name}: vLLM computes this layer from a repacked copy of its weight, so in-place writes "
                  "would not reach it (the aurora vllm.general_plugins entry point selects vLLM's fallback GEMM "
                  "on CPU: is aurora-rl installed where vLLM runs, and not excluded by VLLM_PLUGINS?)"
@@ -215,6 +219,9 @@ class ModelTarget:
         self.held = HeldStager()
         self.version = version
         self.digest = self.full_digest()
+        # Problems were reported when binding (bind_model); here only what to refresh after a write.
+        self._refreshes = bind_refreshes(layout, model)[0]
+        self.refreshed = 0  # modules whose derived tensors were recomputed so far
 
     @classmethod
     def bind(cls, layout: ModelLayout, model: torch.nn.Module, tp: tuple[int, int] = (0, 1), *,
@@ -270,9 +277,15 @@ class ModelTarget:
         """Write ``updates`` now (validated before the first write; not queued); returns elements written.
         The caller keeps ``version`` and ``digest`` right."""
         self.held.wrote()  # before the first write: a staging reading old bits now is never written
+        updates = list(updates)
         written = scatter_in_place(self.layout, self._shards, self._params(), updates)
         self.written += written
+        self._refresh(name for name, indices, _ in updates if indices.numel())
         return written
+
+    def _refresh(self, written: Iterable[str]) -> None:
+        """Recompute what the engine derived from the written tensors (before the engine computes again)."""
+        self.refreshed += self._refreshes.after_write(self._model, written)
 
     # --- versions staged in this worker ------------------------------------------------------------
 
@@ -290,6 +303,7 @@ class ModelTarget:
             raise BaseVersionMismatchError(f"activating {version} on {base_version}, this worker is at {self.version}")
         held = self.held.take(version, base_version)
         written, seconds = write_slice(self._flats(), held)
+        self._refresh(name for name, local, _ in held.writes if local.numel())
         self.written += written
         self.version, self.digest = version, WeightsDigest.parse(held.weights_digest)
         return written, seconds
