@@ -52,12 +52,18 @@ def changed_indices(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
 
     Compared in blocks of :data:`MASK_BLOCK`: the boolean mask and ``nonzero``'s scratch stay bounded (an
     embedding piece is 10^8+ elements, its whole mask ~0.13x a 0.6B model); only the changed indices,
-    proportional to the delta, are kept. On a device each block's ``nonzero`` is one sync (its size)."""
+    proportional to the delta, are kept. One sync per piece on a device: a piece of one block is one
+    ``nonzero``; a larger one is one count pass (every block's count in one small tensor, read back once),
+    then each block's compare again into a ``nonzero_static`` of the size now known (no sync)."""
     n = old.numel()
     if n <= MASK_BLOCK:
         return torch.nonzero(old != new).reshape(-1)
-    return torch.cat([torch.nonzero(old[lo: lo + MASK_BLOCK] != new[lo: lo + MASK_BLOCK]).reshape(-1) + lo
-                      for lo in range(0, n, MASK_BLOCK)])
+    starts = range(0, n, MASK_BLOCK)
+    counts = torch.stack([torch.count_nonzero(old[lo: lo + MASK_BLOCK] != new[lo: lo + MASK_BLOCK])
+                          for lo in starts]).tolist()
+    parts = [torch.nonzero_static(old[lo: lo + MASK_BLOCK] != new[lo: lo + MASK_BLOCK], size=c).reshape(-1) + lo
+             for lo, c in zip(starts, counts) if c]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64, device=old.device)
 
 
 def changes_on_host(tensor: InferenceTensor, offset: int, old: torch.Tensor,
