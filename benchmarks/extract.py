@@ -11,8 +11,8 @@ Every rank runs one torch thread (torchrun's default), so per-rank throughput is
 Beside it, in the same run (:func:`encode_paths`): one step of the whole model as one rank's pieces (CPU
 tensors) encoded by the host encoder (``extraction="host"``, compiled kernels) and by the device path run on the
 CPU (``extraction="device"``, the torch ops a GPU runs), with the same thread count on both sides (encoding
-threads, and torch's intra-op threads): ``device_vs_host`` = device path ÷ host path; their segments must be
-byte-identical.
+threads, and torch's intra-op threads), in a process of its own (:func:`_paths_in_child`): ``device_vs_host`` =
+device path ÷ host path; their segments must be byte-identical.
 """
 
 from __future__ import annotations
@@ -187,6 +187,7 @@ def encode_paths(layout: ModelLayout, versions: list[Path], *, threads: tuple[in
     before = torch.get_num_threads()
     by_threads: dict[str, dict[str, Any]] = {}
     fingerprints = set()
+    changed = 0
     try:
         for count in threads:
             torch.set_num_threads(count)  # the device path's torch ops; the host path's kernels take `count`
@@ -200,6 +201,7 @@ def encode_paths(layout: ModelLayout, versions: list[Path], *, threads: tuple[in
                         digest.update(segment.data)
                     seconds[extraction].append(time.perf_counter() - t0)
                     fingerprints.add((digest.hexdigest(), str(encoder.summary.digest_delta)))
+                    changed = encoder.summary.changed_total
             host, device = statistics.median(seconds["host"]), statistics.median(seconds["device"])
             by_threads[str(count)] = {"host_path_s": host, "device_path_s": device, "device_vs_host": device / host,
                                       "host_path_s_each": [round(x, 4) for x in seconds["host"]],
@@ -209,7 +211,37 @@ def encode_paths(layout: ModelLayout, versions: list[Path], *, threads: tuple[in
     top = by_threads[str(max(threads))]
     return {"threads": max(threads), "host_path_s": top["host_path_s"], "device_path_s": top["device_path_s"],
             "device_vs_host": top["device_vs_host"], "paths_by_threads": by_threads, "paths_repeats": repeats,
-            "paths_elements": sum(p.old.numel() for p in pieces), "paths_byte_identical": len(fingerprints) == 1}
+            "paths_elements": sum(p.old.numel() for p in pieces), "paths_changed": changed,
+            "paths_byte_identical": len(fingerprints) == 1}
+
+
+def _paths_main(_: int, spec: dict[str, Any]) -> None:
+    """:func:`encode_paths` in a spawned process (its result written to ``spec["result"]``)."""
+    layout = ModelLayout.from_config(spec["config"])
+    result = encode_paths(layout, [Path(p) for p in spec["versions"]], threads=tuple(spec["threads"]),
+                          repeats=spec["repeats"], segment_bytes=spec["segment_bytes"])
+    result["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "")
+    Path(spec["result"]).write_text(json.dumps(result))
+
+
+def _paths_in_child(spec: dict[str, Any], work: Path) -> dict[str, Any]:
+    """:func:`encode_paths` in a fresh process whose OpenMP threads sleep when idle (``OMP_WAIT_POLICY=PASSIVE``,
+    unless the caller set a policy). OpenMP reads the policy once, when torch loads it. The device path on CPU
+    is a sequence of short torch ops each split over the intra-op threads; with spinning threads beside the
+    encoding threads on a shared machine, every op waits for a preempted spinner (measured here on two busy
+    cores: 2.9 s spinning vs 0.38 s passive for the same encode, where the host path took 0.1 s either way)."""
+    import torch.multiprocessing as mp
+
+    spec = {**spec, "result": str(work / "result-paths.json")}
+    previous = os.environ.get("OMP_WAIT_POLICY")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    try:
+        mp.spawn(_paths_main, args=(spec,), nprocs=1, join=True)
+    finally:
+        if previous is None:
+            os.environ.pop("OMP_WAIT_POLICY", None)
+    result: dict[str, Any] = json.loads(Path(spec["result"]).read_text())
+    return result
 
 
 def run(config: dict[str, Any] | None = None, *, worlds: tuple[int, ...] = (1, 2), steps: int = 3, rounds: int = 2,
@@ -229,8 +261,9 @@ def run(config: dict[str, Any] | None = None, *, worlds: tuple[int, ...] = (1, 2
         versions = _versions(layout, steps, lr, warmup, work)
         prepare_s = time.perf_counter() - t0
         threads = (1, kernels.DEFAULT_THREADS) if path_threads is None else path_threads
-        paths = encode_paths(layout, versions, threads=tuple(sorted(set(threads))), repeats=path_repeats,
-                             segment_bytes=segment_bytes) if threads else {}
+        paths = _paths_in_child({"config": config, "versions": [str(p) for p in versions],
+                                 "threads": sorted(set(threads)), "repeats": path_repeats,
+                                 "segment_bytes": segment_bytes}, work) if threads else {}
         measured: dict[int, list[dict[str, Any]]] = {w: [] for w in worlds}
         for round_ in range(rounds):
             for world in worlds:
