@@ -83,9 +83,10 @@ def test_raw_streams_equal_the_reference_for_gaps_of_one_to_nine_bytes(transform
 
 # --- whole segments, device path against the host encoder ----------------------------------------------
 
-def test_every_value_class_and_special_bit_pattern_is_byte_identical():
-    # Every 16-bit difference once (±1 ulp, w ∈ {3, 4}, every escape up to -32768), from random old bits,
-    # then every ordered pair of special patterns (NaN payloads, ±0, ±inf, subnormals): 65,535 + 272 changes.
+def value_class_pair() -> tuple[np.ndarray, np.ndarray, int]:
+    """Old and new bits holding every 16-bit difference once (±1 ulp, w ∈ {3, 4}, every escape up to -32768)
+    from random old bits, and every ordered pair of special patterns (NaN payloads, ±0, ±inf, subnormals),
+    shuffled among unchanged elements; and the number of changes (65,535 + 272)."""
     rng = np.random.default_rng(1)
     diffs = np.arange(1, 1 << 16, dtype=np.int64).astype(np.uint16).view(np.int16)
     base = rng.integers(-(1 << 15), 1 << 15, size=diffs.size).astype(np.int16)
@@ -94,11 +95,29 @@ def test_every_value_class_and_special_bit_pattern_is_byte_identical():
     old = np.concatenate([base, pairs[:, 0], unchanged, SPECIAL])
     new = np.concatenate([base + diffs, pairs[:, 1], unchanged, SPECIAL])
     order = rng.permutation(old.size)
-    layout, pieces = _one_tensor(old[order], new[order])
+    return old[order], new[order], diffs.size + len(pairs)
+
+
+def sparse_pair() -> tuple[np.ndarray, np.ndarray, int]:
+    """2^22 elements with ~4,000 changes, clustered and sparse (gaps of 1 to 4 LEB128 bytes, changes on the
+    edges of 2^16-element blocks), and the number of changes."""
+    n = 1 << 22
+    rng = np.random.default_rng(4)
+    old = rng.integers(-(1 << 15), 1 << 15, size=n).astype(np.int16)
+    new = old.copy()
+    at = np.unique(np.concatenate([rng.choice(n // 8, size=3000, replace=False), [n - 1, n // 2, (1 << 16) - 1],
+                                   [1 << 16], rng.choice(n, size=1000, replace=False)]))
+    new[at] -= 1
+    return old, new, at.size
+
+
+def test_every_value_class_and_special_bit_pattern_is_byte_identical():
+    old, new, changes = value_class_pair()
+    layout, pieces = _one_tensor(old, new)
     for params in (SMALL, CodecParams(segment_bytes=1 << 20), CodecParams(segment_bytes=4096, values="raw"),
                    CodecParams(segment_bytes=4096, entropy="none")):
         changed = _assert_same(layout, pieces, params)[2]
-        assert changed == {"w": diffs.size + len(pairs)}
+        assert changed == {"w": changes}
     # And the device path's delta applies: the new bits exactly, by digest.
     before, after = {"w": pieces[0].old.view(torch.bfloat16)}, {"w": pieces[0].new.view(torch.bfloat16)}
     target = target_for(layout, before, version=0)
@@ -122,20 +141,13 @@ def test_chunks_are_cut_where_the_host_cuts_them(changes):
 
 
 def test_a_sparse_piece_larger_than_the_compare_block(monkeypatch):
-    # 2^22 elements, 4,000 changes clustered and sparse (gaps of 1 to 4 LEB128 bytes), compared in 64 blocks of
-    # 2^16 (many with no change); the same with the whole piece as one block.
-    n = 1 << 22
-    rng = np.random.default_rng(4)
-    old = rng.integers(-(1 << 15), 1 << 15, size=n).astype(np.int16)
-    new = old.copy()
-    at = np.unique(np.concatenate([rng.choice(n // 8, size=3000, replace=False), [n - 1, n // 2, (1 << 16) - 1],
-                                   rng.choice(n, size=1000, replace=False)]))
-    new[at] -= 1
+    # Compared as one block, then in 64 blocks of 2^16 (many with no change: the count pass).
+    old, new, changes = sparse_pair()
     layout, pieces = _one_tensor(old, new)
     whole = _assert_same(layout, pieces, threads=2)
     monkeypatch.setattr(extract_module, "MASK_BLOCK", 1 << 16)
     assert _encode(layout, pieces, SMALL, "device") == whole
-    assert whole[2] == {"w": at.size} and len({c.count for r in whole[1] for c in r.chunks}) > 1
+    assert whole[2] == {"w": changes} and len({c.count for r in whole[1] for c in r.chunks}) > 1
 
 
 def test_empty_deltas_and_pieces_without_changes():
