@@ -3,13 +3,15 @@ old and new bits on the host.
 
 Two implementations with one output (:class:`Changes`):
 
-* :func:`changes_on_host` — the reference: compare, gather and hash in compiled host kernels (:mod:`.kernels`).
+* :func:`changes_on_host` — the reference: compare, gather and hash in compiled host kernels (:mod:`.kernels`);
+  the host encoder's extraction.
 * :class:`DeviceExtraction` — the bit compare, the changed-index and bits gather and the digest update
   for the changed elements run with torch ops on the tensors' own device (a GPU finds the changed
   elements of 16 GB in milliseconds); only the changed indices and their old/new bits are copied to the
-  host, into pinned buffers when the device is CUDA, asynchronously, one piece ahead: while the caller
-  encodes piece k (LEB128, value transform and zstd stay on the host), piece k+1 is already extracted
-  and its copy is in flight. The digest lanes accumulate on the device and cross once, at the end.
+  host, into pinned buffers when the device is CUDA, asynchronously, one piece ahead. The digest lanes
+  accumulate on the device and cross once, at the end. The encoder's device path goes further and builds
+  the raw streams on the device too (:mod:`.device_encode`, which finds the changes with
+  :func:`changed_indices`); this class is extraction alone (``scripts/device-check`` times it).
 
 On CPU tensors the device path runs the same torch ops on the CPU, so a test there proves the code the
 GPU runs produces byte-identical segments and the same digest as the reference.
