@@ -71,8 +71,8 @@ class PieceStreams:
 
 @dataclass(frozen=True)
 class _Layout:
-    """Where each chunk's streams lie (numpy, int64 per chunk; ``levels`` and ``level_*`` are
-    ``[chunks, MAX_BYTES]``). Computed once on the host; the device gets :meth:`table`."""
+    """Where each chunk's streams lie (numpy, int64 per chunk; ``level_at`` and ``level_before`` are
+    ``[chunks, MAX_BYTES]``). Computed once, on the host; the device gets :meth:`table`."""
 
     count: np.ndarray
     index_at: np.ndarray

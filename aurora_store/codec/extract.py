@@ -49,22 +49,50 @@ class Changes:
 MASK_BLOCK = 1 << 24  # elements compared at once when looking for changes (host and device)
 
 
-def changed_indices(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """Sorted flat indices where the bit patterns of two flat tensors differ, on their device.
+_WORD = 8  # bytes of a bool mask read as one int64 word
 
-    Compared in blocks of :data:`MASK_BLOCK`: the boolean mask and ``nonzero``'s scratch stay bounded (an
+
+def _mask(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """``old != new`` as a bool mask padded with ``False`` to whole int64 words."""
+    n = old.numel()
+    mask = torch.empty(-(-n // _WORD) * _WORD, dtype=torch.bool, device=old.device)
+    torch.ne(old, new, out=mask[:n])
+    mask[n:] = False
+    return mask
+
+
+def _counts(mask: torch.Tensor) -> torch.Tensor:
+    """``[words holding a change, changes]`` of a padded mask, on its device."""
+    return torch.stack([torch.count_nonzero(mask.view(torch.int64)), torch.count_nonzero(mask)])
+
+
+def _positions(mask: torch.Tensor, words: int, changes: int) -> torch.Tensor:
+    """Where a padded mask holds, given its :func:`_counts`: the words holding a change first (1/8 of the
+    mask; at RL densities ~10 % of them hold one), then the changes among those words' 8 elements — both
+    ``nonzero_static`` of a known size, so no sync, and on CPU about half a plain ``nonzero``'s time."""
+    held = torch.nonzero_static(mask.view(torch.int64), size=words).reshape(-1)
+    candidates = (held.unsqueeze(1) * _WORD + torch.arange(_WORD, device=mask.device)).reshape(-1)
+    return candidates.index_select(0, torch.nonzero_static(mask.index_select(0, candidates), size=changes).reshape(-1))
+
+
+def changed_indices(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """Sorted flat indices (int64) where the bit patterns of two flat tensors differ, on their device.
+
+    Compared in blocks of :data:`MASK_BLOCK`: the boolean mask and the selection's scratch stay bounded (an
     embedding piece is 10^8+ elements, its whole mask ~0.13x a 0.6B model); only the changed indices,
-    proportional to the delta, are kept. One sync per piece on a device: a piece of one block is one
-    ``nonzero``; a larger one is one count pass (every block's count in one small tensor, read back once),
-    then each block's compare again into a ``nonzero_static`` of the size now known (no sync)."""
+    proportional to the delta, are kept. One sync per piece on a device: the count pass (every block's counts
+    in one small tensor, read back once); a piece of one block keeps its mask for the selection, a larger one
+    compares each block again (no sync: the sizes are known)."""
     n = old.numel()
     if n <= MASK_BLOCK:
-        return torch.nonzero(old != new).reshape(-1)
+        mask = _mask(old, new)
+        words, changes = _counts(mask).tolist()
+        return _positions(mask, words, changes)
     starts = range(0, n, MASK_BLOCK)
-    counts = torch.stack([torch.count_nonzero(old[lo: lo + MASK_BLOCK] != new[lo: lo + MASK_BLOCK])
+    counts = torch.stack([_counts(_mask(old[lo: lo + MASK_BLOCK], new[lo: lo + MASK_BLOCK]))
                           for lo in starts]).tolist()
-    parts = [torch.nonzero_static(old[lo: lo + MASK_BLOCK] != new[lo: lo + MASK_BLOCK], size=c).reshape(-1) + lo
-             for lo, c in zip(starts, counts) if c]
+    parts = [_positions(_mask(old[lo: lo + MASK_BLOCK], new[lo: lo + MASK_BLOCK]), words, changes) + lo
+             for lo, (words, changes) in zip(starts, counts) if changes]
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64, device=old.device)
 
 

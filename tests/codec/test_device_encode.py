@@ -208,3 +208,21 @@ def test_random_states_and_change_patterns_encode_identically(sizes, density, sp
     params = CodecParams(segment_bytes=4096, values=values, entropy=entropy)
     result = _assert_same(layout, pieces, params)
     assert sum(result[2].values()) == sum(int((old[k] != new[k]).sum()) for k in old)
+
+
+@pytest.mark.parametrize("block", [64, 1 << 24])
+def test_changed_indices_of_any_length_and_block(monkeypatch, block):
+    # Masks read as 8-element words, padded at the end: lengths off the word size, changes on word and block
+    # edges, all-changed and unchanged words, against numpy.
+    monkeypatch.setattr(extract_module, "MASK_BLOCK", block)
+    rng = np.random.default_rng(block)
+    for n in (0, 1, 7, 8, 9, 63, 64, 65, 200, 1001):
+        old = rng.integers(-(1 << 15), 1 << 15, size=n).astype(np.int16)
+        new = old.copy()
+        changed = rng.random(n) < 0.3
+        changed[[i for i in (0, 7, 8, 63, 64, n - 1) if 0 <= i < n]] = True
+        changed[100:140] = True
+        new[changed] ^= 0x0101
+        got = extract_module.changed_indices(_bits(old), _bits(new))
+        assert got.dtype == torch.int64 and got.tolist() == np.flatnonzero(old != new).tolist()
+        assert extract_module.changed_indices(_bits(old), _bits(old)).numel() == 0
