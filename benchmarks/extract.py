@@ -7,11 +7,18 @@ does per rank: cast its rows to bf16, diff them against the rows it published la
 of the fused layout and upload its segments over its own streams; then the small per-rank metadata is
 gathered and rank 0 writes the manifest. The step's wall time is rank 0's, from a barrier to the manifest.
 Every rank runs one torch thread (torchrun's default), so per-rank throughput is per core.
+
+Beside it, in the same run (:func:`encode_paths`): one step of the whole model as one rank's pieces (CPU
+tensors) encoded by the host encoder (``extraction="host"``, compiled kernels) and by the device path run on the
+CPU (``extraction="device"``, the torch ops a GPU runs), with the same thread count on both sides (encoding
+threads, and torch's intra-op threads), in a process of its own (:func:`_paths_in_child`): ``device_vs_host`` =
+device path ÷ host path; their segments must be byte-identical.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -23,7 +30,7 @@ from typing import Any
 
 import torch
 
-from aurora_store.codec import CodecParams, ModelLayout
+from aurora_store.codec import CodecParams, DeltaEncoder, ModelLayout, kernels
 from aurora_store.codec.sharding import DeltaPart, LocalRows, even_rows, row_pieces, rows_digest
 from aurora_store.codec.weights_digest import ZERO, WeightsDigest
 from benchmarks import baselines
@@ -168,12 +175,84 @@ def _summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def encode_paths(layout: ModelLayout, versions: list[Path], *, threads: tuple[int, ...], repeats: int = 3,
+                 segment_bytes: int = 4 << 20) -> dict[str, Any]:
+    """Host encoder vs the device path on CPU tensors: versions 0 → 1 of the whole model (world size 1's rows)
+    encoded by both, alternating, ``repeats`` times per thread count; the median seconds of each and their
+    ratio per thread count, and whether every run's segments were byte-identical."""
+    full = [{n: LocalRows(n, 0, t.to(torch.bfloat16).contiguous()) for n, t in _rows(layout, p, 0, 1).items()}
+            for p in versions[:2]]
+    pieces = list(row_pieces(layout, full[0], full[1]))
+    params = CodecParams(segment_bytes=segment_bytes)
+    before = torch.get_num_threads()
+    by_threads: dict[str, dict[str, Any]] = {}
+    fingerprints = set()
+    changed = 0
+    try:
+        for count in threads:
+            torch.set_num_threads(count)  # the device path's torch ops; the host path's kernels take `count`
+            seconds: dict[str, list[float]] = {"host": [], "device": []}
+            for _ in range(repeats):
+                for extraction in ("host", "device"):
+                    encoder = DeltaEncoder(layout, params, extraction=extraction, encode_threads=count)
+                    digest = hashlib.sha256()
+                    t0 = time.perf_counter()
+                    for segment in encoder.segments(pieces):
+                        digest.update(segment.data)
+                    seconds[extraction].append(time.perf_counter() - t0)
+                    fingerprints.add((digest.hexdigest(), str(encoder.summary.digest_delta)))
+                    changed = encoder.summary.changed_total
+            host, device = statistics.median(seconds["host"]), statistics.median(seconds["device"])
+            by_threads[str(count)] = {"host_path_s": host, "device_path_s": device, "device_vs_host": device / host,
+                                      "host_path_s_each": [round(x, 4) for x in seconds["host"]],
+                                      "device_path_s_each": [round(x, 4) for x in seconds["device"]]}
+    finally:
+        torch.set_num_threads(before)
+    top = by_threads[str(max(threads))]
+    return {"threads": max(threads), "host_path_s": top["host_path_s"], "device_path_s": top["device_path_s"],
+            "device_vs_host": top["device_vs_host"], "paths_by_threads": by_threads, "paths_repeats": repeats,
+            "paths_elements": sum(p.old.numel() for p in pieces), "paths_changed": changed,
+            "paths_byte_identical": len(fingerprints) == 1}
+
+
+def _paths_main(_: int, spec: dict[str, Any]) -> None:
+    """:func:`encode_paths` in a spawned process (its result written to ``spec["result"]``)."""
+    layout = ModelLayout.from_config(spec["config"])
+    result = encode_paths(layout, [Path(p) for p in spec["versions"]], threads=tuple(spec["threads"]),
+                          repeats=spec["repeats"], segment_bytes=spec["segment_bytes"])
+    result["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "")
+    Path(spec["result"]).write_text(json.dumps(result))
+
+
+def _paths_in_child(spec: dict[str, Any], work: Path) -> dict[str, Any]:
+    """:func:`encode_paths` in a fresh process whose OpenMP threads sleep when idle (``OMP_WAIT_POLICY=PASSIVE``,
+    unless the caller set a policy). OpenMP reads the policy once, when torch loads it. The device path on CPU
+    is a sequence of short torch ops each split over the intra-op threads; with spinning threads beside the
+    encoding threads on a shared machine, every op waits for a preempted spinner (measured here on two busy
+    cores: 2.9 s spinning vs 0.38 s passive for the same encode, where the host path took 0.1 s either way)."""
+    import torch.multiprocessing as mp
+
+    spec = {**spec, "result": str(work / "result-paths.json")}
+    previous = os.environ.get("OMP_WAIT_POLICY")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    try:
+        mp.spawn(_paths_main, args=(spec,), nprocs=1, join=True)
+    finally:
+        if previous is None:
+            os.environ.pop("OMP_WAIT_POLICY", None)
+    result: dict[str, Any] = json.loads(Path(spec["result"]).read_text())
+    return result
+
+
 def run(config: dict[str, Any] | None = None, *, worlds: tuple[int, ...] = (1, 2), steps: int = 3, rounds: int = 2,
         lr: float = 1e-6, warmup: int = 2, streams: int = 4, segment_bytes: int = 4 << 20,
-        bucket: str | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
+        bucket: str | None = None, env: dict[str, str] | None = None, path_threads: tuple[int, ...] | None = None,
+        path_repeats: int = 3) -> dict[str, Any]:
     """Measure every world size in ``worlds`` on the same versions, alternating world sizes for ``rounds``
     rounds so that load drifting on a shared machine hits all of them alike. ``bucket`` is a URL prefix
-    (default: a fresh local directory); every (world size, round) publishes into its own sub-bucket."""
+    (default: a fresh local directory); every (world size, round) publishes into its own sub-bucket. The host
+    encoder and the device path are compared on ``path_threads`` (:func:`encode_paths`; empty: not at all), and
+    an empty ``worlds`` measures only that."""
     config = config or QWEN3_BENCH_CONFIG
     layout = ModelLayout.from_config(config)
     with tempfile.TemporaryDirectory(prefix="aurora-bench-extract-") as tmp:
@@ -181,6 +260,10 @@ def run(config: dict[str, Any] | None = None, *, worlds: tuple[int, ...] = (1, 2
         t0 = time.perf_counter()
         versions = _versions(layout, steps, lr, warmup, work)
         prepare_s = time.perf_counter() - t0
+        threads = (1, kernels.DEFAULT_THREADS) if path_threads is None else path_threads
+        paths = _paths_in_child({"config": config, "versions": [str(p) for p in versions],
+                                 "threads": sorted(set(threads)), "repeats": path_repeats,
+                                 "segment_bytes": segment_bytes}, work) if threads else {}
         measured: dict[int, list[dict[str, Any]]] = {w: [] for w in worlds}
         for round_ in range(rounds):
             for world in worlds:
@@ -193,16 +276,19 @@ def run(config: dict[str, Any] | None = None, *, worlds: tuple[int, ...] = (1, 2
                         "streams": streams, "segment_bytes": segment_bytes, "env": env or {}}
                 measured[world] += _measure(world, spec, work, tag)
         results = {world: _summary(steps_) for world, steps_ in measured.items()}
-    base = results[worlds[0]]
     out: dict[str, Any] = {
         "bench": "extract",
         "model": {"config": config, "parameters": layout.numel, "bf16_bytes": layout.nbytes},
         "lr": lr, "steps": steps, "rounds": rounds, "streams_per_rank": streams, "segment_bytes": segment_bytes,
         "bucket": "s3" if bucket and bucket.startswith("s3://") else "local-directory",
         "cpu_cores": os.cpu_count(), "load_average": os.getloadavg()[0], "torch_threads_per_rank": 1,
-        "prepare_s": prepare_s, "density": base["changed"] / layout.numel,
-        "worlds": {str(w): r for w, r in results.items()},
+        "prepare_s": prepare_s, **paths,
     }
+    if not worlds:
+        return out
+    base = results[worlds[0]]
+    out["density"] = base["changed"] / layout.numel
+    out["worlds"] = {str(w): r for w, r in results.items()}
     for world in worlds[1:]:
         # wall: what this machine delivered; cpu: what it would with a free core per rank (the slowest rank's
         # CPU seconds per step — on a shared box the wall ratio also measures the other tenants)
@@ -239,6 +325,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--segment-bytes", type=int, default=4 << 20)
     parser.add_argument("--small", action="store_true", help="a ~20M-parameter model (quick check)")
     parser.add_argument("--s3", action="store_true", help="upload to the local S3 server instead of a directory")
+    parser.add_argument("--path-threads", default=f"1,{kernels.DEFAULT_THREADS}",
+                        help="thread counts at which the host encoder and the device path (on CPU) are compared; "
+                             "empty: not compared")
+    parser.add_argument("--path-repeats", type=int, default=3, help="encodes per path and thread count")
 
 
 def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -251,10 +341,16 @@ def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def main(config: dict[str, Any], args) -> dict[str, Any]:
     """The ``extract`` subcommand: parse world sizes, optionally start the local S3 server, run."""
     worlds = tuple(sorted({int(w) for w in str(args.ranks).split(",") if w.strip()}))
-    if not worlds or min(worlds) < 1:
+    if worlds and min(worlds) < 1:
         raise ValueError(f"--ranks needs positive world sizes, got {args.ranks!r}")
+    path_threads = tuple(sorted({int(t) for t in str(args.path_threads).split(",") if t.strip()}))
+    if (path_threads and min(path_threads) < 1) or args.path_repeats < 1:
+        raise ValueError(f"--path-threads needs positive counts and --path-repeats ≥ 1, got {args.path_threads!r}, "
+                         f"{args.path_repeats}")
+    if not worlds and not path_threads:
+        raise ValueError("nothing to measure: --ranks and --path-threads are both empty")
     common = {"worlds": worlds, "steps": args.steps, "rounds": args.rounds, "lr": args.lr, "streams": args.streams,
-              "segment_bytes": args.segment_bytes}
+              "segment_bytes": args.segment_bytes, "path_threads": path_threads, "path_repeats": args.path_repeats}
     if not args.s3:
         return run(config, **common)
     from aurora_store.testing.servers import S3Server

@@ -12,7 +12,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -21,7 +21,8 @@ import torch
 import zstandard
 
 from aurora_store.codec import kernels
-from aurora_store.codec.extract import Changes, DeviceExtraction, changes_on_host
+from aurora_store.codec.device_encode import ChunkSpan, DeviceEncoding, PieceStreams
+from aurora_store.codec.extract import Changes, changes_on_host
 from aurora_store.codec.layout import InferenceTensor, ModelLayout, bits_view
 from aurora_store.codec.manifest import ChunkRef, SegmentRef
 from aurora_store.codec.params import CodecParams
@@ -89,13 +90,18 @@ def pieces_from_fused(layout: ModelLayout, old: Mapping[str, torch.Tensor],
 #: the device otherwise; ``host`` / ``device`` force one (``device`` on CPU tensors runs the GPU code there).
 EXTRACTIONS = ("auto", "host", "device")
 
+#: One chunk's encoding: a function and its arguments, run on an encoding thread.
+_Task = tuple[Callable[..., EncodedChunk], tuple]
+
 
 class DeltaEncoder:
     """Encodes pieces into segments; iterate :meth:`segments`, then read :attr:`summary`.
 
-    Extraction (bit compare, changed-index and bits gather, digest update) runs where the pieces live
-    (:mod:`.extract`); gaps, LEB128, the value transform and zstd run on the host over the changed
-    elements only. Both extractions give byte-identical segments."""
+    ``host``: extraction (bit compare, changed-index and bits gather, digest update) in compiled host
+    kernels (:mod:`.extract`), then gaps, LEB128 and the value transform per chunk (:mod:`.kernels`).
+    ``device``: all of that with torch ops where the pieces live (:mod:`.device_encode`); only each piece's
+    raw streams reach the host. Either way zstd, packing and SHA-256 run on the host, and both give
+    byte-identical segments."""
 
     def __init__(self, layout: ModelLayout, params: CodecParams | None = None, *,
                  extraction: str = "auto", encode_threads: int | None = None) -> None:
@@ -115,8 +121,8 @@ class DeltaEncoder:
         pending_bytes = 0
         started = time.perf_counter()
         paused = 0.0  # time spent suspended in yield (the consumer's, not ours)
-        changes, extraction = self._extract(pieces)
-        for chunk in self._chunks(changes, self._threads(extraction)):
+        tasks, device = self._tasks(pieces)
+        for chunk in self._chunks(tasks, self._threads()):
             pending.append(chunk)
             pending_bytes += chunk.nbytes
             if pending_bytes >= self.params.segment_bytes:
@@ -125,8 +131,8 @@ class DeltaEncoder:
                 t0 = time.perf_counter()
                 yield segment
                 paused += time.perf_counter() - t0
-        if extraction is not None:
-            self.summary.digest_delta = self.summary.digest_delta + extraction.digest_delta()
+        if device is not None:
+            self.summary.digest_delta = self.summary.digest_delta + device.digest_delta()
         if pending:
             segment = self._seal(pending)
             t0 = time.perf_counter()
@@ -151,8 +157,9 @@ class DeltaEncoder:
             raise LayoutError(f"{tensor.name}: piece [{piece.offset}, {piece.offset + n}) outside the tensor "
                               f"or old/new sizes differ")
 
-    def _extract(self, pieces: Iterable[Piece]) -> tuple[Iterator[Changes], DeviceExtraction | None]:
-        """The pieces' changed elements on the host, found where the pieces live (see :mod:`.extract`)."""
+    def _tasks(self, pieces: Iterable[Piece]) -> tuple[Iterator[_Task], DeviceEncoding | None]:
+        """Each chunk's encoding task, in order, from changes found where the pieces live: on the host (see
+        :mod:`.extract`), or raw streams built on the device (see :mod:`.device_encode`)."""
         checked = (self._checked(piece) for piece in pieces)
         first = next(checked, None)
         if first is None:
@@ -160,11 +167,12 @@ class DeltaEncoder:
         rest = itertools.chain([first], checked)
         on_device = first.new.device.type != "cpu"
         if self.extraction == "device" or (self.extraction == "auto" and on_device):
-            extraction = DeviceExtraction((p.tensor, p.offset, p.old, p.new) for p in rest)
-            return iter(extraction), extraction
-        return (self._host_changes(p) for p in rest), None
+            device = DeviceEncoding(((p.tensor, p.offset, p.old, p.new) for p in rest),
+                                    step=self.params.max_changed_per_chunk, transform=self.params.value_transform)
+            return (task for streams in device for task in self._stream_tasks(streams)), device
+        return (task for p in rest for task in self._chunk_tasks(self._host_changes(p))), None
 
-    def _threads(self, extraction: DeviceExtraction | None) -> int:
+    def _threads(self) -> int:
         """Host threads for extraction (host path) and chunk encoding: the compiled compare and numpy's passes
         and zstd release the GIL, so blocks and chunks run in parallel; the output does not depend on the
         count (blocks and chunks are put back in order)."""
@@ -172,21 +180,19 @@ class DeltaEncoder:
             return self.encode_threads
         return kernels.DEFAULT_THREADS
 
-    def _chunks(self, changes: Iterable[Changes], threads: int) -> Iterator[EncodedChunk]:
+    def _chunks(self, tasks: Iterable[_Task], threads: int) -> Iterator[EncodedChunk]:
         """Encoded chunks in order. With several threads, chunks are encoded ahead (at most ``2 × threads``
         in flight, bounding memory) and yielded in submission order, so the output is byte-identical."""
         if threads == 1:
-            for change in changes:
-                for task in self._chunk_tasks(change):
-                    yield self._account(self._encode_chunk(*task))
+            for fn, args in tasks:
+                yield self._account(fn(*args))
             return
         window: deque[Future[EncodedChunk]] = deque()
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="aurora-encode") as pool:
-            for change in changes:
-                for task in self._chunk_tasks(change):
-                    window.append(pool.submit(self._encode_chunk, *task))
-                    while len(window) > 2 * threads:
-                        yield self._account(window.popleft().result())
+            for fn, args in tasks:
+                window.append(pool.submit(fn, *args))
+                while len(window) > 2 * threads:
+                    yield self._account(window.popleft().result())
             while window:
                 yield self._account(window.popleft().result())
 
@@ -203,12 +209,12 @@ class DeltaEncoder:
 
     def _host_changes(self, piece: Piece) -> Changes:
         changes, delta = changes_on_host(piece.tensor, piece.offset, piece.old, piece.new,
-                                         threads=self._threads(None))
+                                         threads=self._threads())
         self.summary.digest_delta = self.summary.digest_delta + delta
         return changes
 
-    def _chunk_tasks(self, changes: Changes) -> Iterator[tuple]:
-        """The ``_encode_chunk`` arguments of each chunk of ``changes`` (≤ ``max_changed_per_chunk`` each)."""
+    def _chunk_tasks(self, changes: Changes) -> Iterator[_Task]:
+        """The ``_encode_chunk`` task of each chunk of ``changes`` (≤ ``max_changed_per_chunk`` each)."""
         idx_np, old_np, new_np = changes.indices, changes.old, changes.new
         if idx_np.size == 0:
             return
@@ -220,7 +226,21 @@ class DeltaEncoder:
             stop = min(start + step, idx_np.size)
             lo = 0 if start == 0 else int(idx_np[start])
             hi = n if stop == idx_np.size else int(idx_np[stop])
-            yield (name, changes.offset, lo, hi, idx_np[start:stop], old_np[start:stop], new_np[start:stop])
+            yield self._encode_chunk, (name, changes.offset, lo, hi, idx_np[start:stop], old_np[start:stop],
+                                       new_np[start:stop])
+
+    def _stream_tasks(self, streams: PieceStreams) -> Iterator[_Task]:
+        """The ``_seal_chunk`` task of each chunk of a piece whose raw streams were built on the device."""
+        name = streams.tensor.name
+        self.summary.changed[name] = self.summary.changed.get(name, 0) + sum(c.count for c in streams.chunks)
+        for span in streams.chunks:
+            yield self._seal_chunk, (name, streams.offset, streams.raw, span)
+
+    def _seal_chunk(self, name: str, offset: int, raw: np.ndarray, span: ChunkSpan) -> EncodedChunk:
+        """A chunk from its raw streams (built on the device): the entropy stage and the header."""
+        return self._chunk(name, offset + span.lo, offset + span.hi, span.count,
+                           raw[span.index_at: span.index_at + span.index_len].data,
+                           raw[span.value_at: span.value_at + span.value_len].data)
 
     def _encode_chunk(self, name: str, offset: int, lo: int, hi: int, idx: np.ndarray,
                       old: np.ndarray, new: np.ndarray) -> EncodedChunk:
@@ -232,14 +252,17 @@ class DeltaEncoder:
             value_raw = kernels.delta16_values(np.ascontiguousarray(old), np.ascontiguousarray(new)).tobytes()
         else:
             value_raw = encode_values(old, new, transform)
+        return self._chunk(name, offset + lo, offset + hi, int(idx.size), index_raw, value_raw)
+
+    def _chunk(self, name: str, lo: int, hi: int, count: int, index_raw: bytes | memoryview,
+               value_raw: bytes | memoryview) -> EncodedChunk:
         index_entropy, index_bytes = self._compress(index_raw)
         value_entropy, value_bytes = self._compress(value_raw)
-        header = ChunkHeader(name, offset + lo, offset + hi, int(idx.size), index_entropy, transform,
-                             value_entropy, len(index_raw), len(index_bytes), len(value_raw),
-                             len(value_bytes))
+        header = ChunkHeader(name, lo, hi, count, index_entropy, self.params.value_transform, value_entropy,
+                             len(index_raw), len(index_bytes), len(value_raw), len(value_bytes))
         return EncodedChunk(header, index_bytes, value_bytes)
 
-    def _compress(self, raw: bytes) -> tuple[Entropy, bytes]:
+    def _compress(self, raw: bytes | memoryview) -> tuple[Entropy, bytes]:
         if self.params.use_zstd and len(raw) > 64:
             # One compressor per thread: a ZstdCompressor must not be used by two threads at once.
             compressor = getattr(self._local, "zstd", None)
@@ -249,7 +272,7 @@ class DeltaEncoder:
             packed = compressor.compress(raw)
             if len(packed) < len(raw):
                 return Entropy.ZSTD, packed
-        return Entropy.NONE, raw
+        return Entropy.NONE, bytes(raw)  # a view of a piece's stream buffer becomes the chunk's own bytes
 
     def _seal(self, chunks: list[EncodedChunk]) -> Segment:
         data = pack(chunks)

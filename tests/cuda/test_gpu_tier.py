@@ -153,3 +153,31 @@ def test_transposed_experts_encode_and_apply_on_cuda_tensors_as_on_the_host():
     order = layout["model.layers.0.mlp.experts.routed_experts.w13_weight"].components[0].order
     positions = torch.arange(order.numel)
     assert torch.equal(order.train_index(positions.to(CUDA)).cpu(), order.train_index(positions))
+
+
+@pytest.mark.parametrize("case", ["value_classes", "sparse_blocks"])
+def test_device_encoding_on_cuda_tensors_gives_the_host_encoders_bytes(case, monkeypatch):
+    """The device encoding (tests/codec/test_device_encode.py on CPU) on CUDA tensors: every value class and
+    special bit pattern, chunk cuts every 1365 changes, and a sparse 2^22-element piece compared in 64 blocks
+    (the count pass, ``nonzero_static``), all byte-identical to the host encoder, the digest move included."""
+    import numpy as np
+
+    from aurora_store.codec import DeltaEncoder, Piece
+    from aurora_store.codec import extract as extract_module
+    from tests.codec.test_device_encode import sparse_pair, value_class_pair
+
+    old, new, changes = value_class_pair() if case == "value_classes" else sparse_pair()
+    if case == "sparse_blocks":
+        monkeypatch.setattr(extract_module, "MASK_BLOCK", 1 << 16)
+    layout = ModelLayout.identity({"w": torch.zeros(old.size, dtype=torch.bfloat16)})
+    tensor = layout.tensors[0]
+    outs = []
+    for extraction, device in (("host", torch.device("cpu")), ("device", CUDA)):
+        for params in (CodecParams(segment_bytes=4096), CodecParams(segment_bytes=4096, values="raw")):
+            a, b = (torch.from_numpy(np.ascontiguousarray(x)).to(device) for x in (old, new))
+            encoder = DeltaEncoder(layout, params, extraction=extraction)
+            segments = list(encoder.segments([Piece(tensor, 0, a, b)]))
+            outs.append(([s.data for s in segments], [s.ref for s in segments], encoder.summary.changed,
+                         encoder.summary.digest_delta))
+    assert outs[:2] == outs[2:]
+    assert outs[0][2] == {"w": changes} and sum(len(ref.chunks) for ref in outs[0][1]) >= 3

@@ -1,9 +1,10 @@
 """``python -m benchmarks extract`` on a tiny model: both world sizes measured in one run, one JSON
-object with the ratio and the 8-rank estimate."""
+object with the ratio, the 8-rank estimate and the host encoder against the device path."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -16,8 +17,13 @@ TINY = {"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4, "num
 
 
 def test_extract_bench_measures_one_and_two_ranks_in_one_run():
-    result = extract.run(TINY, worlds=(1, 2), steps=2, rounds=1, segment_bytes=4096)
+    result = extract.run(TINY, worlds=(1, 2), steps=2, rounds=1, segment_bytes=4096, path_threads=(1,),
+                         path_repeats=1)
     json.dumps(result)
+    # The host encoder and the device path on CPU, in their own process with passive OpenMP threads.
+    assert result["threads"] == 1 and result["paths_byte_identical"] and result["omp_wait_policy"] == os.environ.get(
+        "OMP_WAIT_POLICY", "PASSIVE")
+    assert result["device_vs_host"] == pytest.approx(result["device_path_s"] / result["host_path_s"])
     one, two = result["worlds"]["1"], result["worlds"]["2"]
     assert one["ranks"] == 1 and two["ranks"] == 2 and one["steps"] == two["steps"] == 2
     assert sum(two["rank_elements"]) == one["rank_elements"][0] == result["model"]["parameters"]
