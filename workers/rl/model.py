@@ -1,5 +1,6 @@
-"""The policy model: a Qwen3-architecture decoder built from a config in the repository (no downloads),
-its warm start, and the files that make a snapshot directory loadable by transformers and vLLM."""
+"""The policy model: a Qwen3-architecture decoder (or a preset of another family) built from a config in the
+repository (no downloads), its warm start, and the files that make a snapshot directory loadable by
+transformers and vLLM."""
 
 from __future__ import annotations
 
