@@ -97,11 +97,17 @@ class Experts:
     #: The router's score-correction bias (``gate.e_score_correction_bias``) exists when the config's
     #: ``topk_method`` is this value; the trainer holds it as a buffer it never trains (an engine-only constant).
     correction_bias_when: str | None = None
+    #: The name set of a snapshot's weight files: ``"memory"`` (the trainer's 3-D expert tensors, which vLLM's
+    #: loader of the family takes as they are) or ``"checkpoint"`` (per-expert tensors, as ``save_pretrained``
+    #: writes them: vLLM's DeepSeek loader knows no other expert names).
+    snapshot_names: NameSet = "memory"
 
     def __post_init__(self) -> None:
         if self.checkpoint_names is not None and (self.stored != "engine" or self.deinterleave or self.bias):
             # Per-expert 2-D tensors stack in storage order; a family that needs more has to say how.
             raise LayoutError("per-expert checkpoint names go with experts stored in vLLM's order, without biases")
+        if self.snapshot_names == "checkpoint" and self.checkpoint_names is None:
+            raise LayoutError("snapshots in checkpoint names need the family's per-expert checkpoint names")
 
 
 @dataclass(frozen=True)
@@ -167,7 +173,8 @@ _SANDWICH = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_lay
 _DEEPSEEK = Family(mla=Mla(), experts=Experts("mlp", "n_routed_experts", "moe_intermediate_size",
                                              sparse_layers="first_k_dense",
                                              checkpoint_names=("gate_proj", "up_proj", "down_proj"),
-                                             shared_key="n_shared_experts", correction_bias_when="noaux_tc"))
+                                             shared_key="n_shared_experts", correction_bias_when="noaux_tc",
+                                             snapshot_names="checkpoint"))
 
 #: model_type → facts. Gemma 3's norms hold ``w`` of ``(1 + w)·x̂`` and its embedding is scaled at run time,
 #: in both engines alike, so the stored tensors are shipped unchanged.
@@ -214,6 +221,13 @@ def family_of(config: Mapping[str, Any]) -> tuple[str, Family]:
     if family is None:
         raise UnsupportedModelError(f"unsupported model_type {raw!r}; supported: {sorted(FAMILIES)}")
     return model_type, family
+
+
+def snapshot_names(config: Mapping[str, Any], family: Family | None = None) -> NameSet:
+    """The name set a snapshot of this model's weights is written in, so that the engine loads it as it is."""
+    if family is None:
+        _, family = family_of(config)
+    return family.experts.snapshot_names if family.experts is not None else "memory"
 
 
 def _present(rule: Presence, config: Mapping[str, Any]) -> bool:

@@ -101,6 +101,24 @@ class InferenceTensor:
         lo = component.row_offset * self.row_size
         return lo, lo + component.rows * self.row_size
 
+    def join(self, state: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """This tensor as the engine holds it, from its training tensors in ``state`` (new storage)."""
+        parts = [state[c.train_name].reshape(self.component_shape(c)) if c.order is None else
+                 c.order.to_engine(state[c.train_name]).reshape((c.rows, *self.shape[self.stack_dims:]))
+                 for c in self.components]
+        whole = parts[0].clone() if len(parts) == 1 else torch.cat(parts, dim=0)
+        return whole.reshape(self.shape)
+
+    def parts(self, full: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The training tensors of ``full`` (this tensor as the engine holds it): views, except copies for
+        components in an element order of their own."""
+        full = full.reshape((self.rows, *self.shape[self.stack_dims:]))
+        out = {}
+        for comp in self.components:
+            block = full[comp.row_offset: comp.row_offset + comp.rows]
+            out[comp.train_name] = block if comp.order is None else comp.order.to_train(block)
+        return out
+
 
 @dataclass(frozen=True)
 class ModelLayout:
@@ -376,14 +394,7 @@ class ModelLayout:
     def fuse(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Inference-layout tensors (new storage for fused ones) from training-layout ``state``."""
         self.check_state(state)
-        fused: dict[str, torch.Tensor] = {}
-        for tensor in self.tensors:
-            parts = [state[c.train_name].reshape(tensor.component_shape(c)) if c.order is None else
-                     c.order.to_engine(state[c.train_name]).reshape((c.rows, *tensor.shape[tensor.stack_dims:]))
-                     for c in tensor.components]
-            whole = parts[0].clone() if len(parts) == 1 else torch.cat(parts, dim=0)
-            fused[tensor.name] = whole.reshape(tensor.shape)
-        return fused
+        return {tensor.name: tensor.join(state) for tensor in self.tensors}
 
     def split(self, fused: Mapping[str, torch.Tensor], *, include_aliases: bool = False) -> dict[str, torch.Tensor]:
         """Training-layout tensors from inference-layout ``fused`` tensors: views, except copies for
@@ -398,10 +409,7 @@ class ModelLayout:
             full = fused[tensor.name]
             if tuple(full.shape) != tensor.shape and full.numel() != tensor.numel:
                 raise LayoutError(f"{tensor.name}: shape {tuple(full.shape)} != {tensor.shape}")
-            full = full.reshape((tensor.rows, *tensor.shape[tensor.stack_dims:]))
-            for comp in tensor.components:
-                block = full[comp.row_offset: comp.row_offset + comp.rows]
-                out[comp.train_name] = block if comp.order is None else comp.order.to_train(block)
+            out.update(tensor.parts(full))
         if include_aliases:
             for alias, target in self.aliases:
                 out[alias] = out[target]

@@ -16,7 +16,7 @@ from aurora_store.codec.target import SupportsScatterPlan, WeightTarget
 from aurora_store.errors import BaseVersionMismatchError, DigestMismatchError, LayoutMismatchError
 from aurora_store.store.pool import shared_pool
 from aurora_store.store.snapshot_manifest import SnapshotManifest, read_snapshot_manifest
-from aurora_store.store.snapshots import fetch_snapshot_file
+from aurora_store.store.snapshots import fetch_snapshot_file, files_layout_of, weights_of
 from aurora_store.store.transfer import fetch_segments
 from aurora_store.store.versions import DeltaStore
 from aurora_store.store.weightfile import tensor_views
@@ -69,14 +69,15 @@ def stage_snapshot(store: DeltaStore, version: int, target: WeightTarget, *,
                                   f"target has {layout.fingerprint}")
     if target.version is None or target.version >= version:
         raise BaseVersionMismatchError(f"snapshot {version} cannot be staged on a target at version {target.version}")
+    files_layout = files_layout_of(store, snapshot, layout)  # the same engine tensors, maybe other names
     entries = [f for f in snapshot.files if f.name in snapshot.weight_files]
     lanes = shared_pool().lanes(max(1, min(streams or store.settings.streams, len(entries))))
     state: dict[str, torch.Tensor] = {}
     for future in [lanes.submit(fetch_snapshot_file, store, snapshot, entry.name) for entry in entries]:
         data = future.result()  # hashed while it streamed in; the tensors are views of it (no copy)
-        state.update(tensor_views(data, len(data)))
+        state.update(weights_of(tensor_views(data, len(data)), layout))
     new_fused: dict[str, list[torch.Tensor]] = {}
-    for tensor, _offset, bits in layout.pieces(state):  # checks names, shapes and dtypes
+    for tensor, _offset, bits in files_layout.pieces(state):  # checks names, shapes and dtypes
         new_fused.setdefault(tensor.name, []).append(bits)
     updates = []
     delta = WeightsDigest()

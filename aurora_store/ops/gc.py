@@ -278,9 +278,12 @@ def _deletions(store: DeltaStore, inv: Inventory, oldest: int | None, removed_de
                 dropped.setdefault(ref.digest, ref.size)
     out += [Deletion(object_names.segment(d), s, "segment") for d, s in dropped.items()]
     kept_layouts = {inv.deltas[v].layout_fingerprint for v in kept_deltas if v in inv.deltas}
-    kept_layouts |= {inv.snapshots[v].layout_fingerprint for v in retained if v in inv.snapshots}
+    # A snapshot names its run's layout and, where its files hold other names, that layout too.
+    kept_layouts |= {f for v in retained if v in inv.snapshots
+                     for f in (inv.snapshots[v].layout_fingerprint, inv.snapshots[v].files_layout) if f}
     dropped_layouts = {inv.deltas[v].layout_fingerprint for v in removed_deltas if v in inv.deltas}
-    dropped_layouts |= {inv.snapshots[v].layout_fingerprint for v in removed_snapshots if v in inv.snapshots}
+    dropped_layouts |= {f for v in removed_snapshots if v in inv.snapshots
+                        for f in (inv.snapshots[v].layout_fingerprint, inv.snapshots[v].files_layout) if f}
     for fingerprint in sorted(dropped_layouts - kept_layouts):
         if fingerprint in inv.layouts:
             key = object_names.layout(fingerprint)

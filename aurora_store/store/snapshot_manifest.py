@@ -47,6 +47,9 @@ class SnapshotManifest(SignedDocument):
     weight_files: tuple[str, ...]
     created_at: str = ""
     producer: Mapping[str, Any] = field(default_factory=dict)
+    #: The fingerprint of the layout whose training names the weight files hold, when not the run's layout
+    #: (:func:`aurora_store.codec.namesets.snapshot_layout`: names the engine's loader reads); "" when the same.
+    files_layout: str = ""
     signature: Mapping[str, str] | None = None
 
     @property
@@ -59,6 +62,8 @@ class SnapshotManifest(SignedDocument):
             "weights_digest": self.weights_digest,
             "files": [{"name": f.name, "sha256": f.sha256, "size": f.size} for f in self.files],
             "weight_files": list(self.weight_files), "created_at": self.created_at, "producer": dict(self.producer),
+            # Only where the files have names of their own, so other manifests keep their bytes.
+            **({"files_layout": self.files_layout} if self.files_layout else {}),
         }
 
     @classmethod
@@ -89,20 +94,27 @@ class SnapshotManifest(SignedDocument):
                                for n in jsondoc.array(get("weight_files"), "weight_files")),
             created_at=jsondoc.text(doc.get("created_at", ""), "created_at"),
             producer=jsondoc.mapping(doc.get("producer", {}), "producer"),
+            files_layout=jsondoc.text(doc.get("files_layout", ""), "files_layout"),
             signature=signature_of(doc))
 
 
 
 def create_snapshot_manifest(store: DeltaStore, version: int, layout: ModelLayout, weights_digest: WeightsDigest,
                              files: Sequence[SnapshotFile], weight_files: Sequence[str], *, created_at: str = "",
-                             producer: Mapping[str, Any] | None = None, sign=None) -> SnapshotManifest:
-    """Create-only manifest of a snapshot whose files are all uploaded already (the ordering invariant)."""
+                             producer: Mapping[str, Any] | None = None, sign=None,
+                             files_layout: ModelLayout | None = None) -> SnapshotManifest:
+    """Create-only manifest of a snapshot whose files are all uploaded already (the ordering invariant).
+    ``files_layout``: the layout whose names the weight files hold, when not ``layout``; its document is stored
+    in the bucket before the manifest names it."""
     names = [f.name for f in files]
     if len(set(names)) != len(names) or not set(weight_files) <= set(names):
         raise ManifestError(f"snapshot {version}: duplicate file entries or weight files without an entry")
+    own_names = files_layout if files_layout is not None and files_layout.fingerprint != layout.fingerprint else None
+    if own_names is not None:
+        store.put_layout(own_names)
     manifest = SnapshotManifest(version, layout.fingerprint, str(weights_digest),
                                 tuple(sorted(files, key=lambda f: f.name)), tuple(weight_files), created_at,
-                                dict(producer or {}))
+                                dict(producer or {}), own_names.fingerprint if own_names is not None else "")
     if sign is not None:
         manifest = sign(manifest)
     store.create_object(object_names.snapshot_manifest(version), manifest.to_bytes(), error=VersionExistsError,

@@ -3,7 +3,11 @@
 ``snapshots/<version>/`` holds ``model.safetensors`` (or ``model-0000k-of-0000n.safetensors`` shards with a
 ``model.safetensors.index.json``), any side files (``config.json``, tokenizer files), and — written last,
 create-only — ``manifest.json`` with every file's SHA-256, the layout fingerprint and the weights digest.
-The directory loads directly into transformers or vLLM once downloaded.
+The directory loads directly into transformers or vLLM once downloaded: the weight files hold the names the
+engine's loader reads (the run layout's training names, or those of the family's snapshot layout, recorded in the
+manifest as ``files_layout``: per-expert tensors for DeepSeek-V3), and the constants the engine loads with them
+(the layout's engine-only constants as the trainer holds them, e.g. DeepSeek's float32 router correction bias),
+which are not weights: no digest covers them and readers hand back only the weights.
 """
 
 from __future__ import annotations
@@ -21,10 +25,13 @@ import torch
 from safetensors.torch import save as save_safetensors
 
 from aurora_store.codec.digest import ZERO, WeightsDigest, digest_pieces
+from aurora_store.codec.families import CONSTANT
 from aurora_store.codec.layout import ModelLayout, engine_bits
+from aurora_store.codec.namesets import check_same_engine, convert
 from aurora_store.errors import (
     DigestMismatchError,
     IntegrityError,
+    LayoutError,
     LayoutMismatchError,
     ManifestError,
 )
@@ -79,22 +86,49 @@ def encode_snapshot_files(state: Mapping[str, torch.Tensor], shard_bytes: int = 
     return files, tuple(names)
 
 
+def constant_names(layout: ModelLayout) -> list[str]:
+    """The layout's engine-only constants (loaded once by the engine, never shipped), in layout order."""
+    return [e.name for e in layout.engine_only if e.rule == CONSTANT]
+
+
+def check_constants(layout: ModelLayout, constants: Mapping[str, torch.Tensor]) -> None:
+    """:class:`LayoutError` unless every tensor of ``constants`` is one of the layout's engine-only constants."""
+    unknown = sorted(set(constants) - set(constant_names(layout)))
+    if unknown:
+        raise LayoutError(f"{len(unknown)} snapshot constants are not engine-only constants of the layout: "
+                          f"{unknown[:8]}")
+
+
+def file_tensors(state: Mapping[str, torch.Tensor], layout: ModelLayout, files_layout: ModelLayout | None = None,
+                 constants: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of a snapshot's weight files, in order: ``state``'s (all or whole engine tensors of
+    ``layout``'s training names) under ``files_layout``'s names, then ``constants``."""
+    weights = {n: state[n] for n in layout.train_names if n in state}
+    if files_layout is not None and files_layout.fingerprint != layout.fingerprint:
+        weights = convert(weights, layout, files_layout)
+    check_constants(layout, constants or {})
+    return {**weights, **(constants or {})}
+
+
 def write_snapshot(store: DeltaStore, version: int, state: Mapping[str, torch.Tensor], layout: ModelLayout,
                    weights_digest: WeightsDigest, *, extra_files: Mapping[str, bytes] | None = None,
                    shard_bytes: int = DEFAULT_SHARD_BYTES, created_at: str = "",
                    producer: Mapping[str, Any] | None = None,
-                   sign=None, streams: int = 1) -> SnapshotManifest:
+                   sign=None, streams: int = 1, files_layout: ModelLayout | None = None,
+                   constants: Mapping[str, torch.Tensor] | None = None) -> SnapshotManifest:
     """Upload a snapshot of ``state`` (training names) and create its manifest last.
 
     Weight files are serialised in order and uploaded (with their SHA-256) on ``streams`` parallel streams,
     the next file serialised while earlier ones upload; the writer holds at most ``streams`` + 1 files' bytes
     beside ``state`` (the files are byte-identical to :func:`encode_snapshot_files`'). ``sign`` optionally
-    turns the manifest into a signed one before it is written.
+    turns the manifest into a signed one before it is written. ``files_layout`` names the tensors in the files
+    (:func:`~aurora_store.codec.namesets.snapshot_layout`; default: ``layout``'s names) and ``constants``
+    (engine-only constants of ``layout``, in any dtype) are written after the weights.
     """
     if streams < 1:
         raise ValueError(f"streams must be ≥ 1, not {streams}")
     layout.check_state(state)
-    shards = shard_state({n: state[n] for n in layout.train_names}, shard_bytes)
+    shards = shard_state(file_tensors(state, layout, files_layout, constants), shard_bytes)
     weight_files = weight_file_names(len(shards))
     weight_map, total = {}, 0
     in_flight: deque[Future[SnapshotFile]] = deque()
@@ -118,7 +152,7 @@ def write_snapshot(store: DeltaStore, version: int, state: Mapping[str, torch.Te
             raise ManifestError(f"snapshot {version}: extra file {name!r} would replace a weight file")
         entries.append(put_snapshot_file(store, version, name, data))
     return create_snapshot_manifest(store, version, layout, weights_digest, entries, weight_files,
-                                    created_at=created_at, producer=producer, sign=sign)
+                                    created_at=created_at, producer=producer, sign=sign, files_layout=files_layout)
 
 
 def weight_file_names(count: int) -> list[str]:
@@ -177,11 +211,29 @@ def fetch_snapshot_file(store: DeltaStore, manifest: SnapshotManifest, name: str
     raise IntegrityError(f"snapshot {manifest.version} file {name} in {store.url} does not match its digest")
 
 
+def files_layout_of(store: DeltaStore, manifest: SnapshotManifest, layout: ModelLayout) -> ModelLayout:
+    """The layout whose training names ``manifest``'s weight files hold (``layout`` unless the manifest names
+    another), checked to be a name set of ``layout``'s engine tensors."""
+    if not manifest.files_layout:
+        return layout
+    files = store.layout(manifest.files_layout)  # checked against the fingerprint the manifest names
+    check_same_engine(layout, files)
+    return files
+
+
+def weights_of(tensors: Mapping[str, torch.Tensor], layout: ModelLayout) -> dict[str, torch.Tensor]:
+    """``tensors`` of a snapshot's weight files without the layout's engine-only constants (not weights)."""
+    constants = set(constant_names(layout))
+    return {n: t for n, t in tensors.items() if n not in constants}
+
+
 def load_snapshot(store: DeltaStore, version: int, layout: ModelLayout, *,
                   download_dir: str | os.PathLike | None = None, verify_digest: bool = True,
                   verify_manifest=None, streams: int = 1,
                   threads: int | None = None) -> tuple[dict[str, torch.Tensor], SnapshotManifest]:
     """Download and verify a snapshot; return its training-layout tensors (and optionally keep the files).
+    Tensors the files hold under other names (the manifest's ``files_layout``) come back under ``layout``'s
+    (copies of those engine tensors); constants the files hold beside the weights are left out.
 
     Files are downloaded (each hashed with SHA-256 while it streams in, then checked) and parsed on
     ``streams`` parallel streams; the returned tensors are views of the downloaded buffers (no copy). Each
@@ -201,7 +253,8 @@ def load_snapshot(store: DeltaStore, version: int, layout: ModelLayout, *,
         target_dir.mkdir(parents=True, exist_ok=True)
     # Where each training tensor lies in its inference tensor: a file's share of the digest is hashed as soon
     # as the file is in, while the other files are still downloading (the digest is a sum).
-    placed = {c.train_name: (t, c) for t in layout.tensors for c in t.components}
+    files_layout = files_layout_of(store, manifest, layout)
+    placed = {c.train_name: (t, c) for t in files_layout.tensors for c in t.components}
 
     def fetch(entry: SnapshotFile) -> tuple[dict[str, torch.Tensor], WeightsDigest]:
         data = fetch_snapshot_file(store, manifest, entry.name)
@@ -209,7 +262,7 @@ def load_snapshot(store: DeltaStore, version: int, layout: ModelLayout, *,
             _atomic_write(target_dir / entry.name, data)
         if entry.name not in manifest.weight_files:
             return {}, ZERO
-        tensors = tensor_views(data, len(data))  # views of the fetched buffer: no copy
+        tensors = weights_of(tensor_views(data, len(data)), layout)  # views of the fetched buffer: no copy
         del data
         pieces = []
         for name, tensor in tensors.items() if verify_digest else ():
@@ -226,10 +279,12 @@ def load_snapshot(store: DeltaStore, version: int, layout: ModelLayout, *,
             state.update(tensors)
             actual = actual + share
     if verify_digest:
-        layout.check_state(state)
+        files_layout.check_state(state)
         if str(actual) != manifest.weights_digest:
             raise DigestMismatchError(f"snapshot {version} tensors hash to {actual}, manifest says "
                                       f"{manifest.weights_digest}")
+    if files_layout is not layout:
+        state = convert(state, files_layout, layout)
     return state, manifest
 
 

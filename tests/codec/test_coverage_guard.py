@@ -14,7 +14,8 @@ from aurora_store.codec import ModelLayout, TensorTarget
 from aurora_store.errors import LayoutCoverageError, LayoutError
 from workers.integrations.hf_callback import StepPublisher
 from workers.publish.ranks import Ranks
-from workers.rl.model import DEFAULT_CONFIG, build_model
+from workers.publish.snapshot import held_constants
+from workers.rl.model import DEFAULT_CONFIG, build_model, built_in_config
 from workers.trainer.policy import ShardedPolicy
 
 LAYOUT = ModelLayout.from_config(DEFAULT_CONFIG)
@@ -74,3 +75,18 @@ def test_vllm_binding_lists_an_engine_parameter_the_layout_does_not_name():
     shards, problems = bind_layout(LAYOUT, fused, 0, 1)
     assert problems == ["engine parameter model.layers.0.mlp.experts.routed_experts.w13_weight is not in the layout"]
     assert set(shards) == set(LAYOUT.names)
+
+
+def test_the_deepseek_preset_passes_the_guard_and_holds_the_constants_its_snapshots_carry():
+    """The trainer's DeepSeek-V3 preset: every trainable parameter is shipped and every layout tensor has a
+    source; the router's correction bias is a buffer (not trained, not shipped) that snapshots carry as held."""
+    config = built_in_config("deepseek_v3")
+    layout = ModelLayout.from_config(config)
+    policy = ShardedPolicy.shard(build_model(config), layout, Ranks())
+    assert set(policy.params) == set(layout.train_names)
+    bias = "model.layers.1.mlp.gate.e_score_correction_bias"
+    assert set(held_constants(policy.model, layout)) == {bias} == {e.name for e in layout.engine_only
+                                                                   if e.source is None}
+    assert held_constants(policy.model, layout)[bias].dtype == torch.float32
+    with pytest.raises(LayoutError, match="engine-only constants"):
+        held_constants(build_model(DEFAULT_CONFIG), layout)  # a model without the buffer: refused, named

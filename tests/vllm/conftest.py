@@ -15,10 +15,12 @@ import pytest
 import torch
 
 from aurora_store.codec import ModelLayout, WeightsDigest, digest_state
+from aurora_store.codec.namesets import snapshot_layout
 from aurora_store.store import DeltaStore, open_bucket
 from aurora_store.store.snapshots import load_snapshot, write_snapshot
 from aurora_store.testing.builders import publish
 from tests.vllm.helpers import CHAIN
+from workers.publish.snapshot import held_constants
 from workers.rl.model import DEFAULT_CONFIG, build_model, side_files, warm_start
 from workers.rl.task import AdditionTask, build_tokenizer
 
@@ -65,7 +67,9 @@ def publish_run(root: Path, config: dict, *, chain: int = CHAIN, warm_steps: int
 
     states = [cast()]
     digests = [digest_state(layout, states[0])]
-    write_snapshot(store, 0, states[0], layout, digests[0], extra_files=side_files(config, tokenizer))
+    # As the trainer writes it: the names the engine's loader reads, and the constants it loads beside them.
+    write_snapshot(store, 0, states[0], layout, digests[0], extra_files=side_files(config, tokenizer),
+                   files_layout=snapshot_layout(config), constants=held_constants(model, layout))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     rng = random.Random(1)
     for version in range(1, chain + 1):

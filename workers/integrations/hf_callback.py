@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from aurora_store.codec.layout import ModelLayout
+from aurora_store.codec.namesets import snapshot_layout
 from aurora_store.codec.params import CodecParams
 from aurora_store.codec.sharding import LocalRows, even_rows, rows_digest
 from aurora_store.codec.weights_digest import WeightsDigest
@@ -39,7 +40,7 @@ from aurora_store.store.publisher import VersionPublisher, utc_now
 from aurora_store.trust import Signer
 from workers.publish.delta import PublishOutcome, RankPublisher
 from workers.publish.ranks import Ranks
-from workers.publish.snapshot import write_sharded_snapshot
+from workers.publish.snapshot import held_constants, write_sharded_snapshot
 
 
 def model_files(model: Any, tokenizer: Any = None) -> dict[str, bytes]:
@@ -71,16 +72,21 @@ class StepPublisher:
 
     ``layout`` describes the model (``ModelLayout.from_config(model.config.to_dict())`` when built with
     :meth:`for_model`); ``signing_key`` is the trainer's Ed25519 key (a path or base64, as ``aurora keygen``
-    writes it); ``extra_files`` go into every snapshot next to the weights (``config.json``, tokenizer).
+    writes it); ``extra_files`` go into every snapshot next to the weights (``config.json``, tokenizer);
+    ``files_layout`` names the snapshot files' tensors (the names the engine's loader reads:
+    :func:`~aurora_store.codec.namesets.snapshot_layout`, as :meth:`for_model` sets it). Published from a model,
+    snapshots also carry the layout's engine-only constants as the model holds them (a router's bias buffer).
     """
 
     def __init__(self, bucket: str, layout: ModelLayout, *, run: str = "default", signing_key: str | None = None,
                  snapshot_every: int = 0, extra_files: Mapping[str, bytes] | None = None,
                  segment_bytes: int | None = None, ranks: Ranks | None = None,
-                 settings: TransferSettings | None = None) -> None:
+                 settings: TransferSettings | None = None, files_layout: ModelLayout | None = None) -> None:
         if snapshot_every < 0:
             raise ConfigError(f"snapshot_every must be >= 0, got {snapshot_every}")
         self.layout = layout
+        self.files_layout = files_layout
+        self._constants: dict[str, torch.Tensor] = {}  # the model's engine-only constants, for snapshots
         self.run = run
         self.snapshot_every = snapshot_every
         self.extra_files = dict(extra_files or {})
@@ -100,9 +106,10 @@ class StepPublisher:
     @classmethod
     def for_model(cls, bucket: str, model: Any, *, tokenizer: Any = None, **kwargs: Any) -> StepPublisher:
         """A publisher whose layout and snapshot side files come from a transformers model (and tokenizer)."""
-        layout = ModelLayout.from_config(model.config.to_dict())
-        return cls(bucket, layout, extra_files={**model_files(model, tokenizer), **kwargs.pop("extra_files", {})},
-                   **kwargs)
+        config = model.config.to_dict()
+        kwargs.setdefault("files_layout", snapshot_layout(config))
+        return cls(bucket, ModelLayout.from_config(config),
+                   extra_files={**model_files(model, tokenizer), **kwargs.pop("extra_files", {})}, **kwargs)
 
     # --- rows ------------------------------------------------------------------------------------
 
@@ -113,6 +120,7 @@ class StepPublisher:
             # Refuse to publish part of a model: every trainable parameter must be in the layout.
             self.layout.check_coverage([n for n, p in model_or_state.named_parameters() if p.requires_grad],
                                        held=tensors)
+            self._constants = held_constants(model_or_state, self.layout)
         elif isinstance(model_or_state, Mapping):
             tensors = model_or_state
         else:
@@ -171,7 +179,8 @@ class StepPublisher:
     def _snapshot(self, version: int, rows: Mapping[str, LocalRows], digest: WeightsDigest) -> None:
         write_sharded_snapshot(self.ranks, self.store, version, self.layout, rows, digest,
                                extra_files=self.extra_files if self.ranks.leader else None,
-                               created_at=utc_now(), producer=self.publisher.producer, sign=self.sign)
+                               created_at=utc_now(), producer=self.publisher.producer, sign=self.sign,
+                               files_layout=self.files_layout, constants=self._constants)
 
     def close(self) -> None:
         self.store.close()

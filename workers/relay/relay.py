@@ -314,7 +314,8 @@ class Relay:
             self.metrics.cross_region_bytes.inc(len(data))
             self.dest.put_object(key, data)
             self.progress_at = time.monotonic()
-        self.dest.put_layout(self.source.layout(manifest.layout_fingerprint))
+        for fingerprint in filter(None, (manifest.layout_fingerprint, manifest.files_layout)):
+            self.dest.put_layout(self.source.layout(fingerprint))
         raw = self.source.get_object(object_names.snapshot_manifest(version))
         self.dest.create_object(object_names.snapshot_manifest(version), raw, error=VersionExistsError)
         self.snapshots.add(version)

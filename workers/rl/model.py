@@ -1,5 +1,6 @@
-"""The policy model: a Qwen3-architecture decoder built from a config in the repository (no downloads),
-its warm start, and the files that make a snapshot directory loadable by transformers and vLLM."""
+"""The policy model: a Qwen3-architecture decoder (or a preset of another family) built from a config in the
+repository (no downloads), its warm start, and the files that make a snapshot directory loadable by
+transformers and vLLM."""
 
 from __future__ import annotations
 
@@ -32,8 +33,20 @@ MOE_OVERRIDES: dict[str, Any] = {
     "moe_intermediate_size": 64, "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
     "output_router_logits": True, "router_aux_loss_coef": 0.01,
 }
+#: The same small model as DeepSeek-V3 (multi-head latent attention + MoE): layer 0 dense
+#: (``first_k_dense_replace``), layer 1 routed (4 experts, 2 active, one shared) with the score-corrected router
+#: (``noaux_tc``: its bias is a buffer, never trained). The latent dims are DeepSeek's own (kv_lora_rank 512 +
+#: rope 64 = 576, the one head size vLLM's CPU MLA decode kernel takes); per-head nope/v dims stay small. Its router
+#: has no load-balancing loss in transformers (DeepSeek balances through that bias instead).
+DEEPSEEK_OVERRIDES: dict[str, Any] = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "n_routed_experts": 4,
+    "num_experts_per_tok": 2, "moe_intermediate_size": 64, "n_shared_experts": 1, "first_k_dense_replace": 1,
+    "kv_lora_rank": 512, "q_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 64, "v_head_dim": 32,
+    "n_group": 1, "topk_group": 1, "topk_method": "noaux_tc", "head_dim": 64, "num_key_value_heads": 4,
+    "tie_word_embeddings": False,
+}
 #: ``--model-config`` names for built-in variants of :data:`DEFAULT_CONFIG`.
-PRESETS: dict[str, dict[str, Any]] = {"qwen3": {}, "qwen3_moe": MOE_OVERRIDES}
+PRESETS: dict[str, dict[str, Any]] = {"qwen3": {}, "qwen3_moe": MOE_OVERRIDES, "deepseek_v3": DEEPSEEK_OVERRIDES}
 
 
 def built_in_config(overrides: str | None = None) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from aurora_store.store.snapshot_manifest import read_snapshot_manifest
 from aurora_store.trust import Signer
 from workers.publish.delta import PublishOutcome, RankPublisher
 from workers.publish.ranks import Ranks
-from workers.publish.snapshot import write_sharded_snapshot
+from workers.publish.snapshot import held_constants, write_sharded_snapshot
 from workers.trainer.cli import TrainerConfig
 from workers.trainer.leader import Leader
 from workers.trainer.policy import ShardedPolicy
@@ -28,11 +28,13 @@ from workers.trainer.state import Progress
 class Publishing:
     def __init__(self, config: TrainerConfig, ranks: Ranks, store: DeltaStore, layout: ModelLayout,
                  publisher: VersionPublisher, segment_plane: ControlPlane, progress: Progress, leader: Leader | None,
-                 *, side_files: Callable[[], dict[str, bytes]], sign: Signer | None) -> None:
+                 *, side_files: Callable[[], dict[str, bytes]], sign: Signer | None,
+                 files_layout: ModelLayout | None = None) -> None:
         self.config = config
         self.ranks = ranks
         self.store = store
         self.layout = layout
+        self.files_layout = files_layout  # the names a snapshot's files hold (those the engine's loader reads)
         self.segment_plane = segment_plane  # every rank announces its own segments
         self.progress = progress
         self.leader = leader
@@ -87,6 +89,7 @@ class Publishing:
         digest = self.progress.digest
         write_sharded_snapshot(self.ranks, self.store, version, self.layout, policy.published, digest,
                                extra_files=self.side_files() if self.ranks.leader else None,
-                               created_at=utc_now(), producer={"run": self.config.run}, sign=self.sign)
+                               created_at=utc_now(), producer={"run": self.config.run}, sign=self.sign,
+                               files_layout=self.files_layout, constants=held_constants(policy.model, self.layout))
         if self.leader is not None:
             self.leader.announce_snapshot(version, digest)

@@ -36,6 +36,7 @@ import torch
 
 from aurora_store.bus import ControlPlane
 from aurora_store.codec import CodecParams, ModelLayout
+from aurora_store.codec.namesets import snapshot_layout
 from aurora_store.config import LaunchEnv, TransferSettings, heartbeat_ttl_s
 from aurora_store.errors import BusError
 from aurora_store.metrics import Metrics
@@ -97,7 +98,7 @@ class Trainer:
         self.publishing = Publishing(cfg, self.ranks, self.store, self.layout, publisher, segment_plane,
                                      self.progress, self.leader, side_files=lambda: side_files(model.config,
                                                                                                 model.tokenizer),
-                                     sign=sign)
+                                     sign=sign, files_layout=snapshot_layout(model.config))
         if cfg.metrics_port and self.leader is not None:
             self.metrics.serve(cfg.metrics_port)
 
