@@ -52,8 +52,8 @@ def test_json_with_checkpoint_names_round_trips(tmp_path, capsys):
 
 
 def test_refuses_a_model_without_a_layout_with_the_reason(tmp_path, capsys):
-    (tmp_path / "config.json").write_text(json.dumps({**MOE, "model_type": "deepseek_v3"}))
+    (tmp_path / "config.json").write_text(json.dumps({**MOE, "model_type": "deepseek_v2"}))
     assert main(["layout", "--config", str(tmp_path / "config.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "latent attention" in err[0] and err[0].startswith("aurora layout: error:")
+    assert len(err) == 1 and "not proven against vLLM" in err[0] and err[0].startswith("aurora layout: error:")
     assert main(["layout", "--config", str(tmp_path / "missing.json")]) == 2
