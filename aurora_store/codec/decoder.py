@@ -204,7 +204,8 @@ def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tupl
     ``segments`` maps segment digests to bytes, or yields ``(ref, bytes)`` pairs in any order (e.g. as they
     arrive from parallel downloads). Segments are verified and decoded, and tensors' values decoded and
     hashed, on up to ``threads`` threads (SHA-256, zstd and the compiled kernels release the GIL); the
-    result does not depend on the count.
+    result does not depend on the count. A :class:`TensorTarget` in host memory is read chunk by chunk by
+    the decoding itself; any other target answers one gather per group of tensors.
     """
     check_applicable(manifest, target)
     decoded: dict[str, list[DecodedChunk]] = {}

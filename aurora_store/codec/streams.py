@@ -2,7 +2,9 @@
 
 :func:`.leb128.decode` and :func:`.values.decode_values` define the format (numpy, several passes each);
 staging decodes with :func:`chunk_indices` and :func:`apply_values` instead: two compiled sweeps per stream,
-the value sweep also summing the chunk's digest move. A corrupt stream raises the same
+the value sweep also summing the chunk's digest move (against a target in host memory,
+:func:`chunk_indices_into` and :func:`apply_values_in_place`: into the tensor's own arrays, the old bits
+read from the weights in the same sweep). A corrupt stream raises the same
 :class:`~aurora_store.errors.CorruptSegmentError`, with the same message, as the reference path
 (``tests/codec/test_streams.py`` holds them to that on valid and corrupt input).
 """
