@@ -520,9 +520,9 @@ def take16(bits, indices, out):  # pragma: no cover - compiled
 def delta16_gather_apply(indices, offset, bits, raw, old, out, seed0, seed1):  # pragma: no cover - compiled
     """:func:`delta16_apply` reading the old bits itself: ``old[i] = bits[indices[i] − offset]`` (a piece of
     a target's storage that starts at flat index ``offset``; the caller has checked every index lies in it),
-    prefetched as :func:`take16` does and decoded in the same loop — the gather's cache misses overlap the
-    decoding instead of running as a sweep of their own. Same status and lanes as :func:`delta16_apply`;
-    ``old`` is filled only when the status is :data:`VAL_OK`."""
+    in a sweep of its own prefetched as :func:`take16` does (folding the decoding into that sweep measured no
+    faster: the gather is bound by memory), then decoded as :func:`delta16_apply` does — one call per chunk, no
+    cut or copy of its indices. Same status and lanes as :func:`delta16_apply`."""
     count = old.size
     status, class_bytes, mid_bytes, n_escape = _delta16_table(raw, count)
     if status != VAL_OK:
