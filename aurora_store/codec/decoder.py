@@ -25,8 +25,8 @@ from aurora_store.codec.layout import ModelLayout
 from aurora_store.codec.manifest import ChunkRef, DeltaManifest, SegmentRef
 from aurora_store.codec.params import CodecParams
 from aurora_store.codec.segment import ChunkHeader, Entropy, ValueTransform, unpack
-from aurora_store.codec.streams import apply_values, chunk_indices
-from aurora_store.codec.target import ScatterPlan, SupportsScatterPlan, TensorTarget, WeightTarget
+from aurora_store.codec.streams import apply_values, apply_values_in_place, chunk_indices, chunk_indices_into
+from aurora_store.codec.target import HostStorage, ScatterPlan, SupportsScatterPlan, TensorTarget, WeightTarget
 from aurora_store.codec.weights_digest import WeightsDigest
 from aurora_store.errors import (
     BaseVersionMismatchError,
@@ -175,9 +175,7 @@ def decode_chunk(header: ChunkHeader, index_stream: memoryview, value_stream: me
                  check_values: bool = False) -> DecodedChunk:
     """One chunk of a segment :func:`open_segment` has checked: its streams inflated (never past their checked
     raw lengths) and its indices decoded and checked (see :func:`decode_segment` for ``check_values``)."""
-    decompressor = getattr(_local, "zstd", None)
-    if decompressor is None:  # one per thread: a ZstdDecompressor must not be used by two threads at once
-        decompressor = _local.zstd = zstandard.ZstdDecompressor()
+    decompressor = _decompressor()
     index_raw = _inflate(decompressor, header.index_entropy, index_stream, header.index_raw_len)
     value_raw = _inflate(decompressor, header.value_entropy, value_stream, header.value_raw_len)
     # One compiled sweep pair: LEB128 structure, strictly increasing, inside [lo, hi) (streams.py).
@@ -206,7 +204,8 @@ def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tupl
     ``segments`` maps segment digests to bytes, or yields ``(ref, bytes)`` pairs in any order (e.g. as they
     arrive from parallel downloads). Segments are verified and decoded, and tensors' values decoded and
     hashed, on up to ``threads`` threads (SHA-256, zstd and the compiled kernels release the GIL); the
-    result does not depend on the count.
+    result does not depend on the count. A :class:`TensorTarget` in host memory is read chunk by chunk by
+    the decoding itself; any other target answers one gather per group of tensors.
     """
     check_applicable(manifest, target)
     decoded: dict[str, list[DecodedChunk]] = {}
@@ -227,6 +226,13 @@ def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tupl
     # Segments verified and opened, then their chunks decoded, each spread over the threads (a model's delta
     # is a few segments of many chunks: chunks balance the threads, segments alone would not).
     opened = kernels.run_blocks(open_segment, todo, threads)
+    if isinstance(target, TensorTarget):
+        # Every tensor in host memory (not on an accelerator, nor held in another element order): the chunks
+        # read the old bits themselves. Otherwise each group gathers them first (below).
+        names = {header.tensor for parts in opened for header, _, _ in parts}
+        storage = {name: held for name in names if (held := target.host_storage(name)) is not None}
+        if len(storage) == len(names):
+            return _stage_in_place(manifest, target, opened, storage, threads)
     for chunk in kernels.run_blocks(decode_chunk, [part for parts in opened for part in parts], threads):
         decoded.setdefault(chunk.tensor, []).append(chunk)
     plans = []
@@ -289,6 +295,70 @@ def stage(manifest: DeltaManifest, segments: Mapping[str, bytes] | Iterable[tupl
         raise DigestMismatchError(f"applying version {manifest.version} would give weights digest "
                                   f"{target.digest + delta}, manifest says {manifest.weights_digest}")
     return StagedDelta(manifest, tuple(updates))
+
+
+def _stage_in_place(manifest: DeltaManifest, target: TensorTarget,
+                    opened: list[list[tuple[ChunkHeader, memoryview, memoryview]]],
+                    storage: dict[str, HostStorage], threads: int | None) -> StagedDelta:
+    """:func:`stage` against a target whose tensors all lie in host memory: each tensor's indices and new bits
+    are allocated once (their counts are in the checked chunk headers) and every chunk, on any thread, decodes
+    its indices into its slice and its values against the old bits it reads from the weights itself, summing
+    its digest move in the same sweep — no per-tensor gather, concatenation or index check after decoding."""
+    order = {name: k for k, name in enumerate(target.layout.names)}
+    by_tensor: dict[str, list[tuple[ChunkHeader, memoryview, memoryview]]] = {}
+    for parts in opened:
+        for part in parts:
+            by_tensor.setdefault(part[0].tensor, []).append(part)
+    tasks = []
+    tensors = []
+    for name in sorted(by_tensor, key=order.__getitem__):
+        chunks = sorted(by_tensor[name], key=lambda part: part[0].lo)
+        for (before, _, _), (after, _, _) in itertools.pairwise(chunks):
+            if after.lo < before.hi:
+                raise CorruptSegmentError(f"chunks of {name} overlap")
+        total = sum(header.count for header, _, _ in chunks)
+        if total != manifest.changed.get(name, 0):
+            raise ManifestError(f"{name}: decoded {total} changes, manifest says {manifest.changed.get(name, 0)}")
+        indices = np.empty(total, dtype=np.int64)
+        bits = np.empty(total, dtype=np.int16)
+        start = 0
+        for header, index_stream, value_stream in chunks:
+            stop = start + header.count
+            tasks.append((header, index_stream, value_stream, indices[start:stop], bits[start:stop], storage[name],
+                          manifest.codec.value_transform))
+            start = stop
+        tensors.append((name, indices, bits))
+    delta = WeightsDigest()
+    for moved in kernels.run_blocks(_stage_chunk, tasks, threads):
+        delta = delta + moved
+    if str(target.digest + delta) != manifest.weights_digest:
+        raise DigestMismatchError(f"applying version {manifest.version} would give weights digest "
+                                  f"{target.digest + delta}, manifest says {manifest.weights_digest}")
+    updates = []
+    for name, indices, bits in tensors:
+        # Cutting the indices at the target's pieces belongs to staging: activation is one scatter_ per piece.
+        # The indices were checked against their chunks' ranges as they were decoded.
+        flat = torch.from_numpy(indices)
+        updates.append(TensorUpdate(name, flat, torch.from_numpy(bits), target.plan_scatter(name, flat, in_range=True)))
+    return StagedDelta(manifest, tuple(updates))
+
+
+def _stage_chunk(header: ChunkHeader, index_stream: memoryview, value_stream: memoryview, indices: np.ndarray,
+                 bits: np.ndarray, storage: HostStorage, transform: ValueTransform) -> WeightsDigest:
+    """One chunk of :func:`_stage_in_place`: streams inflated, indices decoded into ``indices``, values decoded
+    against the target's bits into ``bits``; returns the chunk's digest move."""
+    decompressor = _decompressor()
+    index_raw = _inflate(decompressor, header.index_entropy, index_stream, header.index_raw_len)
+    value_raw = _inflate(decompressor, header.value_entropy, value_stream, header.value_raw_len)
+    chunk_indices_into(header.tensor, index_raw, header.count, header.lo, header.hi, indices)
+    return apply_values_in_place(header.tensor, indices, storage, value_raw, transform, bits)
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    decompressor = getattr(_local, "zstd", None)
+    if decompressor is None:  # one per thread: a ZstdDecompressor must not be used by two threads at once
+        decompressor = _local.zstd = zstandard.ZstdDecompressor()
+    return decompressor
 
 
 def _groups(plans: list[tuple[str, list[DecodedChunk], torch.Tensor]],

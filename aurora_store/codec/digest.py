@@ -16,6 +16,7 @@ spread over threads); on an accelerator, with torch ops (``lanes_on_device``). B
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable, Mapping
 
@@ -33,6 +34,7 @@ _K1 = np.uint64(0xFF51AFD7ED558CCD)
 _K2 = np.uint64(0xC4CEB9FE1A85EC53)
 
 
+@functools.lru_cache(maxsize=1 << 14)  # asked once per chunk while staging: a model has at most a few thousand names
 def _seeds(tensor_name: str) -> tuple[np.uint64, np.uint64]:
     raw = hashlib.sha256(tensor_name.encode()).digest()
     return np.uint64(int.from_bytes(raw[:8], "little")), np.uint64(int.from_bytes(raw[8:16], "little"))

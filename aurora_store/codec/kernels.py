@@ -299,25 +299,32 @@ def gap_indices(raw, count, lo, span):  # pragma: no cover - compiled
     """``lo + cumsum(gaps)`` of ``count`` planar LEB128 gaps in ``raw`` (uint8), checked: the stream holds
     exactly ``count`` values of at most 9 bytes, gaps after the first are ≥ 1 (strictly increasing) and the
     last local index is below ``span``. Returns ``(int64 indices, status)``; the indices are meaningful only
-    when the status is :data:`LEB_OK`.
+    when the status is :data:`LEB_OK` (see :func:`gap_indices_into`)."""
+    out = np.empty(count, dtype=np.int64)
+    return out, gap_indices_into(raw, count, lo, span, out)
+
+
+@numba.njit(nogil=True, cache=True)
+def gap_indices_into(raw, count, lo, span, out):  # pragma: no cover - compiled
+    """:func:`gap_indices` written into ``out`` (int64, at least ``count`` long: staging decodes every chunk of
+    a tensor straight into its slice of the tensor's indices); returns the status.
 
     Sweep 1 finds each level's extent from the continuation bits (the structure checks, in the reference's
     order); sweep 2 rebuilds the values in order with one cursor per level — value ``i``'s byte ``k`` is the
     next unread byte of level ``k`` — and accumulates them. Zero gaps are counted and the running index
     saturates at the span, so that, as in the reference, a stream with both faults reports the order first."""
-    out = np.empty(count, dtype=np.int64)
     n = raw.size
     if n < count:
-        return out, LEB_SHORT
+        return LEB_SHORT
     starts = np.zeros(_LEB_LEVELS, dtype=np.int64)
     start = 0
     size = count
     level = 0
     while size > 0:
         if level == _LEB_LEVELS:
-            return out, LEB_OVERLONG
+            return LEB_OVERLONG
         if start + size > n:
-            return out, LEB_TRUNCATED
+            return LEB_TRUNCATED
         starts[level] = start
         more = 0
         for j in range(start, start + size):
@@ -326,7 +333,7 @@ def gap_indices(raw, count, lo, span):  # pragma: no cover - compiled
         size = more
         level += 1
     if start != n:
-        return out, LEB_LEFTOVER
+        return LEB_LEFTOVER
     # Sweep 2, branch-free for gaps of 1–2 bytes (< 16384: nearly all at RL densities); longer ones take the
     # general path. A level-1 byte is always loaded (clamped in range) and used only if the value continues.
     limit = np.uint64(span)
@@ -360,10 +367,10 @@ def gap_indices(raw, count, lo, span):  # pragma: no cover - compiled
         local = min(local + gap, limit)
         out[i] = lo + np.int64(local)
     if zeros:  # a zero gap after the first: not strictly increasing
-        return out, LEB_NOT_INCREASING
+        return LEB_NOT_INCREASING
     if local >= limit:
-        return out, LEB_OUT_OF_RANGE
-    return out, LEB_OK
+        return LEB_OUT_OF_RANGE
+    return LEB_OK
 
 
 def _class_tables() -> tuple[np.ndarray, np.ndarray]:
@@ -389,12 +396,27 @@ def delta16_apply(indices, old, raw, out, seed0, seed1):  # pragma: no cover - c
     fits, its padding is zero, the stream's length is what the table implies, the side stream's padding
     is zero, and no escaped word is 0 or one a short class holds (1–4)."""
     count = old.size
+    status, class_bytes, mid_bytes, n_escape = _delta16_table(raw, count)
+    if status != VAL_OK:
+        return status, _ZERO, _ZERO
+    # Three sweeps: every element as if its class were 0 or 1 (±1 ulp, ~85–90 % of them; no branches), then
+    # the elements of class 2 or 3 put right in order (the side and escape streams are read in order too),
+    # then the digest move (a loop the compiler vectorises). A branch per element on its class would
+    # mispredict often; a fused or blocked loop measured ~2x slower than these three.
+    for i in range(count):
+        out[i] = _short_class(raw, old[i], i)
+    return _delta16_finish(indices, old, raw, out, class_bytes, mid_bytes, n_escape, seed0, seed1)
+
+
+@numba.njit(inline="always")
+def _delta16_table(raw, count):  # pragma: no cover - compiled
+    """The class table's structure checks: ``(status, class bytes, side-stream bytes, escaped words)``."""
     class_bytes = (count + 3) // 4
     if raw.size < class_bytes:
-        return VAL_SHORT, _ZERO, _ZERO
+        return VAL_SHORT, 0, 0, 0
     tail = count & 3
     if tail and raw[class_bytes - 1] >> (2 * tail):
-        return VAL_CLASS_PADDING, _ZERO, _ZERO
+        return VAL_CLASS_PADDING, 0, 0, 0
     n_mid = 0
     n_escape = 0
     for j in range(class_bytes):  # padding classes are 0 (just checked): they count as neither
@@ -402,37 +424,50 @@ def delta16_apply(indices, old, raw, out, seed0, seed1):  # pragma: no cover - c
         n_escape += _ESCAPES[raw[j]]
     mid_bytes = (n_mid + 7) // 8
     if raw.size != class_bytes + mid_bytes + 2 * n_escape:
-        return VAL_LENGTH, _ZERO, _ZERO
+        return VAL_LENGTH, 0, 0, 0
     if mid_bytes and n_mid & 7 and raw[class_bytes + mid_bytes - 1] >> (n_mid & 7):
-        return VAL_SIDE_PADDING, _ZERO, _ZERO
-    # Three loops: every element as if its class were 0 or 1 (±1 ulp, ~85–90 % of them; no branches), then
-    # the class bytes holding a class 2 or 3 revisited in order (the side and escape streams are read in
-    # order too), then the digest move (a loop the compiler vectorises). A branch per element on its class
-    # would mispredict often; a fused or blocked loop measured ~2x slower than these three.
+        return VAL_SIDE_PADDING, 0, 0, 0
+    return VAL_OK, class_bytes, mid_bytes, n_escape
+
+
+@numba.njit(inline="always")
+def _short_class(raw, old, i):  # pragma: no cover - compiled
+    """Element ``i``'s new bits if its class is 0 or 1 (±1 ulp): its low class bit picks the sign."""
+    w = ((np.int64(raw[i >> 2]) >> (2 * (i & 3))) & 1) + 1
+    return np.int16(np.int64(old) + ((w >> 1) ^ -(w & 1)))  # un-zigzag; wraps modulo 2**16
+
+
+@numba.njit(inline="always")
+def _delta16_finish(indices, old, raw, out, class_bytes, mid_bytes, n_escape, seed0,
+                    seed1):  # pragma: no cover - compiled
+    """The rest of :func:`delta16_apply` once every element holds its class-0/1 value: classes 2 and 3 put
+    right, then the digest move."""
+    count = old.size
+    # Where the classes 2 and 3 are, listed without a branch (the cursor advances by the class's high bit),
+    # then each listed element takes its side bit or escaped word by a select: a branch per class byte or
+    # per class mispredicted on ~1 in 3 bytes and cost more than the rest of the decoding.
+    listed = np.empty(count, dtype=np.int32)
+    k = 0
     for i in range(count):
-        w = ((np.int64(raw[i >> 2]) >> (2 * (i & 3))) & 1) + 1
-        out[i] = np.int16(np.int64(old[i]) + ((w >> 1) ^ -(w & 1)))  # un-zigzag; wraps modulo 2**16
+        listed[k] = i
+        k += (np.int64(raw[i >> 2]) >> (2 * (i & 3) + 1)) & 1
     side = class_bytes
     low = class_bytes + mid_bytes
     high = low + n_escape
+    last = raw.size - 1  # reads of the stream not taken are clamped into it (the length was checked)
     mid_at = 0
     escape_at = 0
     bad = False
-    for j in range(class_bytes):
-        b = np.int64(raw[j])
-        if b & 0xAA:  # some class is 2 or 3 (padding classes are 0)
-            for k in range(4):
-                c = (b >> (2 * k)) & 3
-                if c >= 2:
-                    if c == 2:
-                        w = 3 + ((np.int64(raw[side + (mid_at >> 3)]) >> (mid_at & 7)) & 1)
-                        mid_at += 1
-                    else:
-                        w = np.int64(raw[low + escape_at]) | (np.int64(raw[high + escape_at]) << 8)
-                        escape_at += 1
-                        bad |= w <= 4
-                    i = 4 * j + k
-                    out[i] = np.int16(np.int64(old[i]) + ((w >> 1) ^ -(w & 1)))
+    for m in range(k):
+        i = np.int64(listed[m])
+        escaped = (np.int64(raw[i >> 2]) >> (2 * (i & 3))) & 1  # class 3, else 2
+        mid = 3 + ((np.int64(raw[min(side + (mid_at >> 3), last)]) >> (mid_at & 7)) & 1)
+        word = np.int64(raw[min(low + escape_at, last)]) | (np.int64(raw[min(high + escape_at, last)]) << 8)
+        w = word if escaped else mid
+        bad |= (escaped != 0) & (word <= 4)
+        mid_at += 1 - escaped
+        escape_at += escaped
+        out[i] = np.int16(np.int64(old[i]) + ((w >> 1) ^ -(w & 1)))
     if bad:
         return VAL_ESCAPE, _ZERO, _ZERO
     s0 = _ZERO
@@ -479,3 +514,23 @@ def take16(bits, indices, out):  # pragma: no cover - compiled
         if i + _PREFETCH_AHEAD < n:
             _prefetch(bits, indices[i + _PREFETCH_AHEAD])
         out[i] = bits[indices[i]]
+
+
+@numba.njit(nogil=True, cache=True)
+def delta16_gather_apply(indices, offset, bits, raw, old, out, seed0, seed1):  # pragma: no cover - compiled
+    """:func:`delta16_apply` reading the old bits itself: ``old[i] = bits[indices[i] − offset]`` (a piece of
+    a target's storage that starts at flat index ``offset``; the caller has checked every index lies in it),
+    in a sweep of its own prefetched as :func:`take16` does (folding the decoding into that sweep measured no
+    faster: the gather is bound by memory), then decoded as :func:`delta16_apply` does — one call per chunk, no
+    cut or copy of its indices. Same status and lanes as :func:`delta16_apply`."""
+    count = old.size
+    status, class_bytes, mid_bytes, n_escape = _delta16_table(raw, count)
+    if status != VAL_OK:
+        return status, _ZERO, _ZERO
+    for i in range(count):
+        if i + _PREFETCH_AHEAD < count:
+            _prefetch(bits, indices[i + _PREFETCH_AHEAD] - offset)
+        old[i] = bits[indices[i] - offset]
+    for i in range(count):
+        out[i] = _short_class(raw, old[i], i)
+    return _delta16_finish(indices, old, raw, out, class_bytes, mid_bytes, n_escape, seed0, seed1)

@@ -2,12 +2,16 @@
 
 :func:`.leb128.decode` and :func:`.values.decode_values` define the format (numpy, several passes each);
 staging decodes with :func:`chunk_indices` and :func:`apply_values` instead: two compiled sweeps per stream,
-the value sweep also summing the chunk's digest move. A corrupt stream raises the same
+the value sweep also summing the chunk's digest move (against a target in host memory,
+:func:`chunk_indices_into` and :func:`apply_values_in_place`: into the tensor's own arrays, the old bits
+read from the weights in the same sweep). A corrupt stream raises the same
 :class:`~aurora_store.errors.CorruptSegmentError`, with the same message, as the reference path
 (``tests/codec/test_streams.py`` holds them to that on valid and corrupt input).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 
@@ -17,6 +21,9 @@ from aurora_store.codec.segment import ValueTransform
 from aurora_store.codec.values import decode_values
 from aurora_store.errors import CorruptSegmentError
 
+if TYPE_CHECKING:
+    from aurora_store.codec.target import HostStorage
+
 
 def chunk_indices(tensor: str, raw: bytes | memoryview | np.ndarray, count: int, lo: int, hi: int) -> np.ndarray:
     """The int64 flat indices ``lo + cumsum(gaps)`` of a chunk ``[lo, hi)`` of ``tensor`` from its raw
@@ -24,12 +31,25 @@ def chunk_indices(tensor: str, raw: bytes | memoryview | np.ndarray, count: int,
     them: the exact stream length, no value over 9 bytes, strictly increasing, inside ``[lo, hi)``."""
     if count < 0:
         raise CorruptSegmentError("negative value count")
+    out = np.empty(max(count, 0), dtype=np.int64)
+    chunk_indices_into(tensor, raw, count, lo, hi, out)
+    return out
+
+
+def chunk_indices_into(tensor: str, raw: bytes | memoryview | np.ndarray, count: int, lo: int, hi: int,
+                       out: np.ndarray) -> None:
+    """:func:`chunk_indices` decoded into ``out`` (int64, ``count`` long: a chunk's slice of its tensor's
+    indices). Raises as :func:`chunk_indices` does; ``out`` is then partly written, nothing else."""
+    if count < 0:
+        raise CorruptSegmentError("negative value count")
     if not 0 <= lo <= hi < 1 << 63:  # the caller has bounded the range by its tensor's size
         raise ValueError(f"chunk range [{lo}, {hi}) is not within int64")
+    if out.dtype != np.int64 or out.size != count:  # the kernel does not check bounds
+        raise ValueError("out must be int64 and hold count values")
     stream = raw if isinstance(raw, np.ndarray) else np.frombuffer(raw, dtype=np.uint8)
-    indices, status = kernels.gap_indices(stream, count, lo, hi - lo)
+    status = kernels.gap_indices_into(stream, count, lo, hi - lo, out)
     if status == kernels.LEB_OK:
-        return indices
+        return
     if status == kernels.LEB_SHORT:
         raise CorruptSegmentError(f"LEB128 stream of {stream.size} bytes cannot hold {count} values")
     if status == kernels.LEB_OVERLONG:
@@ -61,9 +81,40 @@ def apply_values(tensor: str, indices: np.ndarray, old: np.ndarray, raw: bytes |
     status, lane0, lane1 = kernels.delta16_apply(indices, old, stream, out, s0, s1)
     if status == kernels.VAL_OK:
         return WeightsDigest((int(lane0), int(lane1)))
+    _raise_value_error(status, stream)
+
+
+def _raise_value_error(status: int, stream: np.ndarray) -> NoReturn:
     if status == kernels.VAL_LENGTH:
         raise CorruptSegmentError(f"value stream of {stream.size} bytes does not match its class table")
     raise CorruptSegmentError(_VALUE_ERRORS[status])
+
+
+def apply_values_in_place(tensor: str, indices: np.ndarray, storage: HostStorage, raw: bytes | memoryview,
+                          transform: ValueTransform, out: np.ndarray) -> WeightsDigest:
+    """:func:`apply_values` reading the old bits from the target's own host ``storage`` of ``tensor`` at a
+    chunk's ``indices`` (sorted, checked to lie in the tensor). A chunk inside one piece (nearly all) has
+    its old bits gathered in the decoding sweep itself, its indices never cut; one that spans pieces is cut
+    at them and gathered first."""
+    if not indices.size == out.size:  # the kernels do not check bounds
+        raise ValueError("indices and out must have the same size")
+    if not indices.size:
+        return ZERO
+    first, last = storage.piece(int(indices[0])), storage.piece(int(indices[-1]))
+    old = np.empty(indices.size, dtype=np.int16)
+    if first == last and transform == ValueTransform.DELTA16:
+        s0, s1 = tensor_seeds(tensor)
+        stream = np.frombuffer(raw, dtype=np.uint8)
+        status, lane0, lane1 = kernels.delta16_gather_apply(indices, storage.starts[first], storage.bits[first],
+                                                            stream, old, out, s0, s1)
+        if status == kernels.VAL_OK:
+            return WeightsDigest((int(lane0), int(lane1)))
+        _raise_value_error(status, stream)
+    cuts = [0, *np.searchsorted(indices, storage.starts[first + 1: last + 1]).tolist(), indices.size]
+    for number, a, b in zip(range(first, last + 1), cuts[:-1], cuts[1:]):
+        start = storage.starts[number]
+        kernels.take16(storage.bits[number], indices[a:b] - start if start else indices[a:b], old[a:b])
+    return apply_values(tensor, indices, old, raw, transform, out)
 
 
 _VALUE_ERRORS = {

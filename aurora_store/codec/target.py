@@ -59,6 +59,20 @@ class ScatterPlan:
     parts: tuple[tuple[int, torch.Tensor, slice], ...]  # (piece number, local indices, slice of the bits)
 
 
+@dataclass(frozen=True)
+class HostStorage:
+    """One tensor's pieces as host arrays, for a reader that places its own reads (staging reads the old bits
+    of each decoded chunk straight from here: the chunk's range says which piece it lies in, so its indices
+    are cut only where it spans two pieces)."""
+
+    starts: tuple[int, ...]  # flat index of each piece's first element, ascending (the first is 0)
+    bits: tuple[np.ndarray, ...]  # each piece's flat int16 storage, in engine order (shares the weights' memory)
+
+    def piece(self, index: int) -> int:
+        """The number of the piece holding flat ``index`` (of the tensor, known to be in range)."""
+        return bisect_right(self.starts, index) - 1
+
+
 @runtime_checkable
 class WeightTarget(Protocol):
     """Flat-index access to the weights of one model, plus its version and digest — what staging reads
@@ -169,6 +183,9 @@ class TensorTarget:
                 raise LayoutError(f"{tensor.name}: target covers {covered} of {tensor.numel} elements")
         self._bounds = {name: [p.lo for p in spans] for name, spans in self._pieces.items()}
         self._ordered = {name for name, spans in self._pieces.items() if any(p.order for p in spans)}
+        self._host = {name: HostStorage(tuple(p.lo for p in spans), tuple(p.bits.detach().numpy() for p in spans))
+                      for name, spans in self._pieces.items()
+                      if name not in self._ordered and all(p.bits.device.type == "cpu" for p in spans)}
         self.version = version
         self.digest = digest if digest is not None else self.full_digest()
 
@@ -206,8 +223,9 @@ class TensorTarget:
             flat = indices.numpy()
             cuts = [0, *np.searchsorted(flat, [p.lo for p in spans[1:]]).tolist(), flat.size]
             for piece, a, b in zip(spans, cuts[:-1], cuts[1:]):
-                if b > a:
-                    out.append((piece, torch.from_numpy(flat[a:b] - piece.lo), slice(a, b)))
+                if b > a:  # the first piece's positions are the indices themselves: a view, not a copy
+                    local = flat[a:b] if piece.lo == 0 else flat[a:b] - piece.lo
+                    out.append((piece, torch.from_numpy(local), slice(a, b)))
             return out
         bounds = torch.tensor([p.lo for p in spans[1:]], dtype=indices.dtype, device=indices.device)
         cuts = [0, *torch.searchsorted(indices, bounds).tolist(), indices.numel()]
@@ -233,10 +251,22 @@ class TensorTarget:
         """:meth:`gather` for several tensors at once (a target in another process answers in one round trip)."""
         return [self.gather(name, indices) for name, indices in requests]
 
-    def plan_scatter(self, name: str, indices: torch.Tensor) -> ScatterPlan:
+    def host_storage(self, name: str) -> HostStorage | None:
+        """``name``'s pieces as host arrays when every piece is in host memory in engine order, else None
+        (read those with :meth:`gather`). Reads and writes through them bypass every check: the caller
+        keeps its indices inside the tensor."""
+        self.layout[name]
+        return self._host.get(name)
+
+    def plan_scatter(self, name: str, indices: torch.Tensor, *, in_range: bool = False) -> ScatterPlan:
         """Cut sorted flat ``indices`` at this target's pieces and move them to the weights' device: the work
-        of :meth:`scatter` that does not depend on the values, done ahead (while staging)."""
-        check_indices(self.layout, name, indices)
+        of :meth:`scatter` that does not depend on the values, done ahead (while staging). ``in_range``: the
+        caller vouches the indices lie in the tensor (staging's are checked as they are decoded), so the
+        check's two passes over them are skipped."""
+        if in_range:
+            self.layout[name]
+        else:
+            check_indices(self.layout, name, indices)
         spans = self._pieces[name]
         parts = []
         for piece, local, where in self._split(name, indices):
