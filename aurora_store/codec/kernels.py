@@ -399,10 +399,10 @@ def delta16_apply(indices, old, raw, out, seed0, seed1):  # pragma: no cover - c
     status, class_bytes, mid_bytes, n_escape = _delta16_table(raw, count)
     if status != VAL_OK:
         return status, _ZERO, _ZERO
-    # Three sweeps: every element as if its class were 0 or 1 (±1 ulp, ~85–90 % of them; no branches), then
-    # the elements of class 2 or 3 put right in order (the side and escape streams are read in order too),
-    # then the digest move (a loop the compiler vectorises). A branch per element on its class would
-    # mispredict often; a fused or blocked loop measured ~2x slower than these three.
+    # Three loops: every element as if its class were 0 or 1 (±1 ulp, ~85–90 % of them; no branches), then
+    # the class bytes holding a class 2 or 3 revisited in order (the side and escape streams are read in
+    # order too), then the digest move (a loop the compiler vectorises). A branch per element on its class
+    # would mispredict often; a fused or blocked loop measured ~2x slower than these three.
     for i in range(count):
         out[i] = _short_class(raw, old[i], i)
     return _delta16_finish(indices, old, raw, out, class_bytes, mid_bytes, n_escape, seed0, seed1)
@@ -440,34 +440,29 @@ def _short_class(raw, old, i):  # pragma: no cover - compiled
 @numba.njit(inline="always")
 def _delta16_finish(indices, old, raw, out, class_bytes, mid_bytes, n_escape, seed0,
                     seed1):  # pragma: no cover - compiled
-    """The rest of :func:`delta16_apply` once every element holds its class-0/1 value: classes 2 and 3 put
-    right, then the digest move."""
+    """The last two loops of :func:`delta16_apply`: classes 2 and 3 put right, then the digest move."""
     count = old.size
-    # Where the classes 2 and 3 are, listed without a branch (the cursor advances by the class's high bit),
-    # then each listed element takes its side bit or escaped word by a select: a branch per class byte or
-    # per class mispredicted on ~1 in 3 bytes and cost more than the rest of the decoding.
-    listed = np.empty(count, dtype=np.int32)
-    k = 0
-    for i in range(count):
-        listed[k] = i
-        k += (np.int64(raw[i >> 2]) >> (2 * (i & 3) + 1)) & 1
     side = class_bytes
     low = class_bytes + mid_bytes
     high = low + n_escape
-    last = raw.size - 1  # reads of the stream not taken are clamped into it (the length was checked)
     mid_at = 0
     escape_at = 0
     bad = False
-    for m in range(k):
-        i = np.int64(listed[m])
-        escaped = (np.int64(raw[i >> 2]) >> (2 * (i & 3))) & 1  # class 3, else 2
-        mid = 3 + ((np.int64(raw[min(side + (mid_at >> 3), last)]) >> (mid_at & 7)) & 1)
-        word = np.int64(raw[min(low + escape_at, last)]) | (np.int64(raw[min(high + escape_at, last)]) << 8)
-        w = word if escaped else mid
-        bad |= (escaped != 0) & (word <= 4)
-        mid_at += 1 - escaped
-        escape_at += escaped
-        out[i] = np.int16(np.int64(old[i]) + ((w >> 1) ^ -(w & 1)))
+    for j in range(class_bytes):
+        b = np.int64(raw[j])
+        if b & 0xAA:  # some class is 2 or 3 (padding classes are 0)
+            for k in range(4):
+                c = (b >> (2 * k)) & 3
+                if c >= 2:
+                    if c == 2:
+                        w = 3 + ((np.int64(raw[side + (mid_at >> 3)]) >> (mid_at & 7)) & 1)
+                        mid_at += 1
+                    else:
+                        w = np.int64(raw[low + escape_at]) | (np.int64(raw[high + escape_at]) << 8)
+                        escape_at += 1
+                        bad |= w <= 4
+                    i = 4 * j + k
+                    out[i] = np.int16(np.int64(old[i]) + ((w >> 1) ^ -(w & 1)))
     if bad:
         return VAL_ESCAPE, _ZERO, _ZERO
     s0 = _ZERO
@@ -530,7 +525,7 @@ def delta16_gather_apply(indices, offset, bits, raw, old, out, seed0, seed1):  #
     for i in range(count):
         if i + _PREFETCH_AHEAD < count:
             _prefetch(bits, indices[i + _PREFETCH_AHEAD] - offset)
-        old[i] = bits[indices[i] - offset]
-    for i in range(count):
-        out[i] = _short_class(raw, old[i], i)
+        was = bits[indices[i] - offset]
+        old[i] = was
+        out[i] = _short_class(raw, was, i)
     return _delta16_finish(indices, old, raw, out, class_bytes, mid_bytes, n_escape, seed0, seed1)
