@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TypeVar
 
 import numba
@@ -165,31 +165,41 @@ def split(n: int, block: int | None = None) -> list[tuple[int, int]]:
 
 def run_blocks(fn: Callable[..., _T], tasks: Sequence[tuple], threads: int | None = None) -> list[_T]:
     """``[fn(*task) for task in tasks]``, in order, on up to ``threads`` threads (the kernels release the GIL).
-    One thread, one task, or a call from a pool thread runs in the caller's thread."""
+    One thread, one task, or a call from a pool thread runs in the caller's thread.
+
+    Returns or raises only once no task is running: the tasks read and write buffers the caller owns (a
+    segment being staged, a tensor's slice), which it may free or reuse as soon as this returns. After a task
+    fails, no further task starts; the error raised is the one the earliest failing task raised, as in the
+    serial loop (every task before it had already started, and is waited for)."""
     threads = DEFAULT_THREADS if threads is None else threads
     if threads < 1:
         raise ValueError(f"threads must be ≥ 1, not {threads}")
     # A task that itself spreads blocks runs them inline: pool threads never wait on the pool (no deadlock).
     if threads == 1 or len(tasks) <= 1 or threading.current_thread().name.startswith(_POOL_PREFIX):
         return [fn(*task) for task in tasks]
-    pool = _executor()
-    if threads >= len(tasks) or threads >= _POOL_WORKERS:
-        return list(pool.map(lambda task: fn(*task), tasks))
-    # At most ``threads`` at a time: each worker takes the next task until none is left.
     results: list[_T | None] = [None] * len(tasks)
+    failures: list[tuple[int, BaseException]] = []
     cursor = iter(range(len(tasks)))
     lock = threading.Lock()
 
     def worker() -> None:
+        # Each worker takes the next task until none is left or one has failed.
         while True:
             with lock:
-                k = next(cursor, None)
+                k = None if failures else next(cursor, None)
             if k is None:
                 return
-            results[k] = fn(*tasks[k])
+            try:
+                results[k] = fn(*tasks[k])
+            except BaseException as exc:  # re-raised in the caller's thread below
+                with lock:
+                    failures.append((k, exc))
+                return
 
-    for future in [pool.submit(worker) for _ in range(threads)]:
-        future.result()
+    pool = _executor()
+    wait([pool.submit(worker) for _ in range(min(threads, len(tasks), _POOL_WORKERS))])
+    if failures:
+        raise min(failures, key=lambda failure: failure[0])[1]
     return results  # type: ignore[return-value]
 
 

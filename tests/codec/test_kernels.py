@@ -145,3 +145,34 @@ def test_blocks_spread_from_inside_a_spread_task_run_inline():
 
     assert kernels.run_blocks(outer, [(k,) for k in range(20)], threads=8) == [10 * k for k in range(20)]
     assert kernels.run_blocks(outer, [(k,) for k in range(20)], threads=3) == [10 * k for k in range(20)]
+
+
+def test_run_blocks_raises_only_once_no_task_runs_and_reports_the_earliest_failure():
+    """Staging's tasks read buffers the caller frees once run_blocks returns: a failed task must not leave
+    others running (a mutated segment decoded by a stale thread crashed the suite), and the error is the
+    serial loop's."""
+    import threading
+    import time
+
+    running = 0
+    lock = threading.Lock()
+    seen_after: list[int] = []
+
+    def task(k: int) -> int:
+        nonlocal running
+        with lock:
+            running += 1
+        try:
+            if k in (3, 5):
+                raise ValueError(f"task {k}")
+            time.sleep(0.05)
+            return k
+        finally:
+            with lock:
+                running -= 1
+
+    with pytest.raises(ValueError, match="task 3"):
+        kernels.run_blocks(task, [(k,) for k in range(40)], threads=4)
+    seen_after.append(running)
+    assert seen_after == [0]
+    assert kernels.run_blocks(task, [(k,) for k in (0, 1, 2)], threads=2) == [0, 1, 2]
