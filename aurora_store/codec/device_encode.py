@@ -22,7 +22,6 @@ runs, which is how the suite proves it byte-identical to the host encoder (:mod:
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -340,16 +339,11 @@ class DeviceEncoding:
         return ZERO if self._lanes is None else digest_of_lanes(self._lanes)
 
     def __iter__(self) -> Iterator[PieceStreams]:
-        queue: deque[_InFlight] = deque()
-        for tensor, offset, old, new in self._pieces:
-            flight = self._launch(tensor, offset, old.reshape(-1), new.reshape(-1))
-            if flight is None:
-                continue
-            queue.append(flight)
-            while len(queue) > self._prefetch:
-                yield self._land(queue.popleft())
-        while queue:
-            yield self._land(queue.popleft())
+        def launch(piece: tuple[InferenceTensor, int, torch.Tensor, torch.Tensor]) -> _InFlight | None:
+            tensor, offset, old, new = piece
+            return self._launch(tensor, offset, old.reshape(-1), new.reshape(-1))
+
+        yield from extract.pipelined(self._pieces, launch, self._land, self._prefetch)
         self._finished = True
 
     def _launch(self, tensor: InferenceTensor, offset: int, old: torch.Tensor,

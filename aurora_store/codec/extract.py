@@ -20,8 +20,9 @@ GPU runs produces byte-identical segments and the same digest as the reference.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -29,6 +30,10 @@ import torch
 from aurora_store.codec import kernels
 from aurora_store.codec.digest import ZERO, WeightsDigest, digest_of_lanes, lanes_on_device, tensor_seeds
 from aurora_store.codec.layout import InferenceTensor
+
+_Item = TypeVar("_Item")
+_Launched = TypeVar("_Launched")
+_Landed = TypeVar("_Landed")
 
 #: Pieces extracted ahead of the one being encoded (each holds only changed elements on the host).
 PREFETCH = 1
@@ -128,6 +133,22 @@ def _host_int16(bits: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(bits.reshape(-1).numpy())
 
 
+def pipelined(items: Iterable[_Item], launch: Callable[[_Item], _Launched | None],
+              land: Callable[[_Launched], _Landed], depth: int) -> Iterator[_Landed]:
+    """``land(launch(item))`` for every item whose launch is not ``None``, in order, with up to ``depth`` items
+    launched ahead of the one landing: a device works on the next pieces while the host encodes this one."""
+    queue: deque[_Launched] = deque()
+    for item in items:
+        flight = launch(item)
+        if flight is None:
+            continue
+        queue.append(flight)
+        while len(queue) > depth:
+            yield land(queue.popleft())
+    while queue:
+        yield land(queue.popleft())
+
+
 @dataclass
 class _InFlight:
     changes_of: tuple[InferenceTensor, int, int]
@@ -154,16 +175,7 @@ class DeviceExtraction:
         return ZERO if self._lanes is None else digest_of_lanes(self._lanes)
 
     def __iter__(self) -> Iterator[Changes]:
-        queue: deque[_InFlight] = deque()
-        for tensor, offset, old, new in self._pieces:
-            flight = self._launch(tensor, offset, old, new)
-            if flight is None:
-                continue
-            queue.append(flight)
-            while len(queue) > self._prefetch:
-                yield self._land(queue.popleft())
-        while queue:
-            yield self._land(queue.popleft())
+        yield from pipelined(self._pieces, lambda piece: self._launch(*piece), self._land, self._prefetch)
         self._finished = True
 
     def _launch(self, tensor: InferenceTensor, offset: int, old: torch.Tensor,

@@ -51,6 +51,16 @@ class LocalRows:
         return int(self.tensor.shape[0]) if self.tensor.dim() else 1
 
 
+def rank_rows(layout: ModelLayout, state: Mapping[str, torch.Tensor], rank: int, world: int) -> dict[str, LocalRows]:
+    """The dim-0 rows of every training tensor of whole ``state`` that ``rank`` of ``world`` holds (even_rows, as
+    an FSDP2 rank does): a sharded trainer's view, built from whole tensors (tests, benchmarks)."""
+    out = {}
+    for name in layout.train_names:
+        start, stop = even_rows(state[name].shape[0], rank, world)
+        out[name] = LocalRows(name, start, state[name][start:stop].contiguous())
+    return out
+
+
 def row_span(layout: ModelLayout, train_name: str, start: int, rows: int) -> tuple[InferenceTensor, int, int]:
     """The inference tensor and flat range ``[lo, hi)`` that rows ``[start, start + rows)`` of a training
     tensor occupy."""

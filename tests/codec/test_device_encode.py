@@ -16,7 +16,7 @@ from aurora_store.codec import extract as extract_module
 from aurora_store.codec.device_encode import encode_changes
 from aurora_store.codec.digest import WeightsDigest
 from aurora_store.codec.segment import ValueTransform
-from aurora_store.codec.sharding import LocalRows, even_rows, row_pieces
+from aurora_store.codec.sharding import rank_rows, row_pieces
 from aurora_store.codec.values import encode_values
 from aurora_store.testing.builders import blobs, encode, target_for
 
@@ -178,11 +178,7 @@ def test_two_rank_row_shards_are_byte_identical_per_rank():
     total = None
     for rank in range(2):
         def rows(state, rank=rank):
-            out = {}
-            for name, t in state.items():
-                start, stop = even_rows(t.shape[0], rank, 2)
-                out[name] = LocalRows(name, start, t[start:stop].contiguous())
-            return out
+            return rank_rows(layout, state, rank, 2)
         pieces = list(row_pieces(layout, rows(old), rows(new)))
         result = _assert_same(layout, pieces)
         total = result[3] if total is None else total + result[3]

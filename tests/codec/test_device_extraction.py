@@ -10,7 +10,7 @@ from aurora_store.codec import CodecParams, DeltaEncoder, ModelLayout, apply_del
 from aurora_store.codec.digest import WeightsDigest, hash_elements, hash_range, lanes_on_device, range_lanes_on_device
 from aurora_store.codec.encoder import Piece
 from aurora_store.codec.extract import DeviceExtraction
-from aurora_store.codec.sharding import LocalRows, even_rows, row_pieces
+from aurora_store.codec.sharding import rank_rows, row_pieces
 from aurora_store.errors import LayoutError
 from aurora_store.testing.builders import TINY_QWEN3, blobs, encode, perturb, random_state, target_for
 from benchmarks.synthetic import AdamSimulator
@@ -68,11 +68,7 @@ def test_row_shards_of_two_ranks_encode_identically():
     new = perturb(old, fraction=0.02, seed=8)
     for rank in range(2):
         def rows(state, rank=rank):
-            out = {}
-            for name, t in state.items():
-                start, stop = even_rows(t.shape[0], rank, 2)
-                out[name] = LocalRows(name, start, t[start:stop].contiguous())
-            return out
+            return rank_rows(layout, state, rank, 2)
         outs = []
         for extraction in ("host", "device"):
             encoder = DeltaEncoder(layout, CodecParams(segment_bytes=4096), extraction=extraction)

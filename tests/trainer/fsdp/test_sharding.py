@@ -17,7 +17,7 @@ import torch
 from aurora_store.codec import CodecParams, DeltaManifest, ModelLayout, TensorTarget, digest_state, stage
 from aurora_store.codec.decoder import activate
 from aurora_store.codec.digest import ZERO
-from aurora_store.codec.sharding import DeltaPart, LocalRows, even_rows, merge_parts, row_pieces, rows_digest
+from aurora_store.codec.sharding import DeltaPart, even_rows, merge_parts, rank_rows, row_pieces, rows_digest
 from aurora_store.errors import LayoutError
 from aurora_store.store import DeltaStore
 from aurora_store.store.publisher import VersionPublisher
@@ -44,14 +44,6 @@ def states(layout: ModelLayout, seed: int = 0, density: float = 0.05):
             bits[mask] += 1
             old[comp.train_name], new[comp.train_name] = a, bits.view(torch.bfloat16)
     return old, new
-
-
-def rank_rows(layout: ModelLayout, state, rank: int, world: int) -> dict[str, LocalRows]:
-    out = {}
-    for name in layout.train_names:
-        start, stop = even_rows(state[name].shape[0], rank, world)
-        out[name] = LocalRows(name, start, state[name][start:stop].contiguous())
-    return out
 
 
 def store() -> DeltaStore:
