@@ -22,7 +22,7 @@ import zstandard
 
 from aurora_store.codec import kernels
 from aurora_store.codec.device_encode import ChunkSpan, DeviceEncoding, PieceStreams
-from aurora_store.codec.extract import Changes, changes_on_host
+from aurora_store.codec.extract import Changes, host_changes
 from aurora_store.codec.layout import InferenceTensor, ModelLayout, bits_view
 from aurora_store.codec.manifest import ChunkRef, SegmentRef
 from aurora_store.codec.params import CodecParams
@@ -170,7 +170,7 @@ class DeltaEncoder:
             device = DeviceEncoding(((p.tensor, p.offset, p.old, p.new) for p in rest),
                                     step=self.params.max_changed_per_chunk, transform=self.params.value_transform)
             return (task for streams in device for task in self._stream_tasks(streams)), device
-        return (task for p in rest for task in self._chunk_tasks(self._host_changes(p))), None
+        return self._host_tasks(rest), None
 
     def _threads(self) -> int:
         """Host threads for extraction (host path) and chunk encoding: the compiled compare and numpy's passes
@@ -207,11 +207,11 @@ class DeltaEncoder:
         self.summary.elements += piece.old.numel()
         return piece
 
-    def _host_changes(self, piece: Piece) -> Changes:
-        changes, delta = changes_on_host(piece.tensor, piece.offset, piece.old, piece.new,
-                                         threads=self._threads())
-        self.summary.digest_delta = self.summary.digest_delta + delta
-        return changes
+    def _host_tasks(self, pieces: Iterable[Piece]) -> Iterator[_Task]:
+        found = host_changes(((p.tensor, p.offset, p.old, p.new) for p in pieces), threads=self._threads())
+        for changes, delta in found:
+            self.summary.digest_delta = self.summary.digest_delta + delta
+            yield from self._chunk_tasks(changes)
 
     def _chunk_tasks(self, changes: Changes) -> Iterator[_Task]:
         """The ``_encode_chunk`` task of each chunk of ``changes`` (≤ ``max_changed_per_chunk`` each)."""

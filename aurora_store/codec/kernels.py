@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TypeVar
 
 import numba
@@ -201,6 +202,41 @@ def run_blocks(fn: Callable[..., _T], tasks: Sequence[tuple], threads: int | Non
     if failures:
         raise min(failures, key=lambda failure: failure[0])[1]
     return results  # type: ignore[return-value]
+
+
+def map_ahead(fn: Callable[..., _T], tasks: Iterable[tuple], threads: int | None = None,
+              ahead: int | None = None) -> Iterator[_T]:
+    """``fn(*task)`` for each of ``tasks``, yielded in order, computed on up to ``threads`` threads and up to
+    ``ahead`` tasks (default ``2 × threads``) ahead of the one yielded: the streaming form of
+    :func:`run_blocks`, for work that arrives as many small units (a model's pieces, block by block) where
+    splitting each unit alone would leave threads idle at every unit's end. ``tasks`` is read lazily, in the
+    consumer's thread.
+
+    As with :func:`run_blocks`: the error raised is the earliest failing task's, and neither an error nor the
+    consumer stopping early returns before every started task has finished (they read the caller's buffers)."""
+    threads = DEFAULT_THREADS if threads is None else threads
+    if threads < 1:
+        raise ValueError(f"threads must be ≥ 1, not {threads}")
+    if threads == 1 or threading.current_thread().name.startswith(_POOL_PREFIX):
+        for task in tasks:
+            yield fn(*task)
+        return
+    ahead = 2 * threads if ahead is None else max(1, ahead)
+    window: deque[Future[_T]] = deque()
+    # Its own pool, sized to ``threads`` (the shared one has up to 8 workers); its threads carry the pool
+    # prefix, so a task that spreads blocks itself runs them inline.
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=_POOL_PREFIX)
+    try:
+        for task in tasks:
+            window.append(pool.submit(fn, *task))
+            while len(window) > ahead:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
+    finally:
+        for future in window:
+            future.cancel()
+        pool.shutdown(wait=True)
 
 
 # --- per-changed-element streams (FORMAT §3.1, §3.2): the same bytes as the numpy formulation ------------

@@ -176,3 +176,61 @@ def test_run_blocks_raises_only_once_no_task_runs_and_reports_the_earliest_failu
     seen_after.append(running)
     assert seen_after == [0]
     assert kernels.run_blocks(task, [(k,) for k in (0, 1, 2)], threads=2) == [0, 1, 2]
+
+
+def test_map_ahead_yields_in_order_and_spreads_over_its_threads():
+    import threading
+    import time
+
+    names = set()
+
+    def task(k: int) -> int:
+        names.add(threading.current_thread().name)
+        time.sleep(0.002 * (k % 3))  # finish out of order
+        return k * k
+
+    assert list(kernels.map_ahead(task, ((k,) for k in range(30)), threads=3, ahead=5)) == [k * k for k in range(30)]
+    assert len(names) > 1
+    names.clear()
+    assert list(kernels.map_ahead(task, ((k,) for k in range(5)), threads=1)) == [k * k for k in range(5)]
+    assert names == {threading.current_thread().name}
+    with pytest.raises(ValueError):
+        next(kernels.map_ahead(task, [(1,)], threads=0))
+
+
+def test_map_ahead_raises_the_earliest_failure_and_never_leaves_a_task_running():
+    """Like run_blocks: the tasks read the caller's buffers, so neither a failure nor a consumer that stops
+    early may return while one still runs; the tasks are read lazily, never past the window."""
+    import threading
+    import time
+
+    running = 0
+    pulled = 0
+    lock = threading.Lock()
+
+    def task(k: int) -> int:
+        nonlocal running
+        with lock:
+            running += 1
+        try:
+            time.sleep(0.02)
+            if k in (4, 6):
+                raise ValueError(f"task {k}")
+            return k
+        finally:
+            with lock:
+                running -= 1
+
+    def tasks(n: int):
+        nonlocal pulled
+        for k in range(n):
+            pulled += 1
+            yield (k,)
+
+    with pytest.raises(ValueError, match="task 4"):
+        list(kernels.map_ahead(task, tasks(40), threads=3, ahead=3))
+    assert running == 0 and pulled < 12
+    results = kernels.map_ahead(task, tasks(40), threads=2, ahead=4)
+    assert [next(results) for _ in range(3)] == [0, 1, 2]
+    results.close()  # the consumer stops early
+    assert running == 0

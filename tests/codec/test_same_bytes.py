@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from aurora_store.codec import CodecParams, DeltaEncoder, DeltaManifest, ModelLayout, TensorTarget, stage
+from aurora_store.codec import CodecParams, DeltaEncoder, DeltaManifest, ModelLayout, TensorTarget, kernels, stage
 from aurora_store.codec.digest import digest_state, hash_elements, hash_range
 from aurora_store.codec.encoder import pieces_from_states
 from benchmarks import scale
@@ -53,7 +53,7 @@ def _fingerprint(layout: ModelLayout, old: dict, new: dict, threads: int | None 
 
 
 @pytest.mark.parametrize("name", sorted(PINNED))
-def test_segments_and_digests_are_byte_identical_to_the_previous_codec(tmp_path, name):
+def test_segments_and_digests_are_byte_identical_to_the_previous_codec(tmp_path, monkeypatch, name):
     layout, old, new, old_digest = _versions(tmp_path, name)
     fingerprint, segments, new_digest = _fingerprint(layout, old, new)
     assert fingerprint == PINNED[name]
@@ -61,6 +61,10 @@ def test_segments_and_digests_are_byte_identical_to_the_previous_codec(tmp_path,
     assert new_digest == str(digest_state(layout, new))
     assert len(segments) >= 3
     assert _fingerprint(layout, old, new, threads=2)[0] == fingerprint
+    # Small blocks: every piece is many blocks, streamed over three threads several pieces ahead.
+    monkeypatch.setattr(kernels, "BLOCK", 1 << 12)
+    assert _fingerprint(layout, old, new, threads=3)[0] == fingerprint
+    monkeypatch.undo()
     # Staging the pinned segments lands exactly on the new version.
     encoder_changed = {}
     for s in segments:
