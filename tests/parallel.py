@@ -12,7 +12,7 @@ few workers share two cores well. Two rules decide what runs where:
   JUnit XML report of a full run.
 
 Tests that judge time or throughput carry the ``serial`` marker and are not part of the parallel pass: ``make
-test`` runs them afterwards, alone on the machine (see the Makefile).
+test`` runs them one at a time beside it, at a higher CPU priority than it (``scripts/run-tests``).
 """
 
 from __future__ import annotations

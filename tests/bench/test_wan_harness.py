@@ -31,7 +31,8 @@ from benchmarks.wan import (
 from benchmarks.wan.netns import list_netns, owner_pid, unsupported_reason
 from benchmarks.wan.probes import measure_datagram_loss, measure_rtt, measure_throughput
 
-# Rates, RTTs and loss are measured through a userspace forwarder: alone on the machine, they are the link's.
+# Rates, RTTs and loss are measured through a userspace forwarder: with the cores theirs (the timed pass), they
+# are the link's.
 pytestmark = pytest.mark.serial
 
 REPO = Path(__file__).resolve().parents[2]
