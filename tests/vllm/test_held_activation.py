@@ -2,7 +2,8 @@
 each version, the engine's worker stages its own slice from the same bucket, and the batch boundary is one
 ``aurora_activate`` call whose payload is a few bytes whatever the delta's size — while the weights end
 bit-identical to the trainer's and hash to every version's digest. A bucket the worker cannot reach, or a
-write between staging and activation, falls back to pushing the changed elements."""
+write between staging and activation, falls back to pushing the changed elements; a version the actor's
+bootstrap set on the engine's side only is declared to the workers before they stage."""
 
 from __future__ import annotations
 
@@ -91,3 +92,20 @@ def test_a_bucket_the_worker_cannot_reach_or_a_write_in_between_falls_back_to_pu
     expected = fused_bits(layout, states[2])
     for tensor, bits in engine_bits(mp_engine, layout).items():
         assert torch.equal(bits, expected[tensor]), tensor
+    # A bootstrap: the workers loaded a snapshot without being told its version (here: a write recorded at no
+    # version), and the follower's attach sets the version on the engine's side after hashing the weights.
+    # Staging declares it to the workers first, so the next version is staged and activated there, not pushed.
+    target.version = None
+    target.scatter(name, index, target.gather(name, index))
+    target.flush()
+    target.version, target.digest = CHAIN + 2, target.full_digest()
+    states.append({k: (bits_view(v) + (torch.arange(v.numel()) % 97 == 0).to(torch.int16))
+                   .view(torch.bfloat16).reshape(v.shape) for k, v in states[2].items()})
+    publish(disk, layout, states[2], states[3], CHAIN + 3, target.digest)
+    calls = target.rpc_calls.copy()
+    staged = follower.stage(Step(CHAIN + 3))
+    assert follower.held_remotely == CHAIN + 3
+    assert target.rpc_calls["aurora_declare"] - calls["aurora_declare"] == 1
+    assert follower.activate(staged)
+    assert target.rpc_calls["update_weights"] == calls["update_weights"]  # nothing pushed
+    assert target.version == CHAIN + 3 and target.full_digest() == target.digest

@@ -68,6 +68,7 @@ from workers.vllm.wire import (
     EXTENSION_PATH,
     RPC_ACTIVATE,
     RPC_ATTACH,
+    RPC_DECLARE,
     RPC_DIGEST,
     RPC_GATHER,
     RPC_PARAMETERS,
@@ -187,6 +188,9 @@ class VllmWeightTarget:
         self.tensor_parallel = 1  # ranks holding a slice of the weights (the engine sets it)
         self.version = version
         self.digest = digest if digest is not None else self.full_digest()
+        # The version the workers record (they check every staging's base against it). The actor's bootstrap
+        # sets ``version`` here only, after hashing the snapshot it loaded: staging declares it first.
+        self._workers_at = version
 
     def _call(self, method: str, *args: Any) -> list:
         self.rpc_calls[method] += 1
@@ -271,6 +275,9 @@ class VllmWeightTarget:
         cache = next(((s.url, s.token) for s in sources if isinstance(s, RelayCache)), None)
         self._held = None
         with self.holding(priority=True):
+            if self.version is not None and self._workers_at != self.version:
+                self._call(RPC_DECLARE, self.version, str(self.digest))
+                self._workers_at = self.version
             self._call(RPC_STAGE, StageRequest(manifest, store.url, cache).to_wire())
         deadline = time.monotonic() + HELD_TIMEOUT_S
         while True:
@@ -304,9 +311,10 @@ class VllmWeightTarget:
             try:
                 replies = self._call(RPC_ACTIVATE, staged.version, staged.base_version)
             except AuroraError:
-                self.version = None  # some workers may have written: the weights are unknown
+                self.version = self._workers_at = None  # some workers may have written: the weights are unknown
                 raise
             self.version, self.digest = staged.version, WeightsDigest.parse(staged.weights_digest)
+            self._workers_at = staged.version
             self.last_scatter_s = max(float(reply[1]) for reply in replies)
             self._on_write()
         return True
@@ -325,11 +333,12 @@ class VllmWeightTarget:
             self._call("update_weights", {"scatter": pack_updates(updates), "version": self.version,
                                           "weights_digest": str(self.digest)})
             self._call("finish_weight_update")
+            self._workers_at = self.version
             self._on_write()
         except AuroraError:
             # The worker validates everything before writing, but a lost reply leaves the weights unknown:
             # no delta applies to an unknown version, so the actor has to bootstrap again.
-            self.version = None
+            self.version = self._workers_at = None
             raise
 
 

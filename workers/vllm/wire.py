@@ -33,6 +33,8 @@ RPC_PARAMETERS = "aurora_parameters"
 RPC_STAGE = "aurora_stage"  # start staging a verified version in every worker (workers.vllm.held)
 RPC_STAGED = "aurora_staged"  # poll: each worker's summary once it holds its slice
 RPC_ACTIVATE = "aurora_activate"  # the batch boundary: write the held version (version and base only)
+# the version and digest the weights are at, checked by the caller (a bootstrap verified them from scratch)
+RPC_DECLARE = "aurora_declare"
 
 #: One tensor's write on the wire: ``[name, index kind, index bytes, bits bytes]``.
 WireUpdate = list[Any]

@@ -296,6 +296,13 @@ class ModelTarget:
                                            f"{request.manifest.base_version}, this worker is at {self.version}")
         self.held.start(request, self.layout, self._shards, self._flats())
 
+    def declare(self, version: int, digest: WeightsDigest) -> None:
+        """The weights are at ``version`` (``digest``): the engine's side checked them from scratch after a
+        bootstrap, which loads a snapshot without telling the workers which. Nothing is written; what this
+        worker held was staged on other weights and is dropped."""
+        self.held.wrote()
+        self.version, self.digest = version, digest
+
     def write_held(self, version: int, base_version: int) -> tuple[int, float]:
         """Write the held ``version`` in place if it was staged on ``base_version``, the version this worker
         is at, with no write since; returns ``(elements written, seconds of the scatter itself)``."""
@@ -384,6 +391,10 @@ class AuroraWorkerExtension:
     def aurora_staged(self, version: int) -> list[Any] | None:
         """``None`` while ``version`` stages here; then ``[version, held, owned, digest share, seconds]``."""
         return self._aurora_target().held.poll(version)
+
+    def aurora_declare(self, version: int, digest: str) -> None:
+        """Record the version and digest the weights are at (see :meth:`ModelTarget.declare`)."""
+        self._aurora_target().declare(int(version), WeightsDigest.parse(digest))
 
     def aurora_activate(self, version: int, base_version: int) -> list[float]:
         """The batch boundary: write the held ``version`` in place; ``[elements written, scatter seconds]``."""
