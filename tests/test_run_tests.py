@@ -1,0 +1,89 @@
+"""``scripts/run-tests`` (``make test``), run on a small suite of its own: the timed tests (marked ``serial``) at
+the caller's CPU priority, the rest on xdist workers at the lowest, both passes at the same time, a JUnit report
+each, and the exit status of whichever failed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# In the timed pass: run from the rest (at nice 19) the two priorities it checks would both be 19.
+pytestmark = pytest.mark.serial
+
+SUITE = '''
+import json, os, time
+from pathlib import Path
+
+import pytest
+
+OUT = Path(os.environ["RUN_TESTS_OUT"])
+
+
+def record(name):
+    start = time.time()
+    time.sleep(1.5)
+    (OUT / f"{name}.json").write_text(json.dumps({"nice": os.nice(0), "start": start, "end": time.time(),
+                                                   "xdist": os.environ.get("PYTEST_XDIST_WORKER")}))
+
+
+@pytest.mark.serial
+def test_timed():
+    record("timed")
+
+
+def test_rest_a():
+    record("rest_a")
+
+
+def test_rest_b():
+    record("rest_b")
+'''
+
+INI = '[pytest]\nmarkers =\n    serial: timed\n    long: full length\n'
+
+
+def _run(tmp_path: Path, suite: str) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    tests, out, reports = tmp_path / "suite", tmp_path / "out", tmp_path / "reports"
+    for d in (tests, out):
+        d.mkdir(parents=True, exist_ok=True)
+    (tests / "pytest.ini").write_text(INI)
+    (tests / "test_suite.py").write_text(suite)
+    env = {**os.environ, "RUN_TESTS_OUT": str(out)}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "run-tests"), "--workers", "2", "--reports",
+                           str(reports), "--", "-p", "no:cacheprovider", "-c", str(tests / "pytest.ini"),
+                           "--rootdir", str(tests), str(tests)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    return done, out, reports
+
+
+def test_the_timed_tests_run_beside_the_rest_at_a_higher_priority(tmp_path):
+    done, out, reports = _run(tmp_path, SUITE)
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+    assert set(seen) == {"timed", "rest_a", "rest_b"}
+    base = os.nice(0)
+    assert seen["timed"]["nice"] == base and seen["timed"]["xdist"] is None
+    for name in ("rest_a", "rest_b"):
+        assert seen[name]["nice"] == min(19, base + 19) and seen[name]["xdist"] is not None
+    # at the same time: the timed test overlaps the rest, and the rest's two tests overlap each other
+    assert seen["timed"]["start"] < seen["rest_a"]["end"] and seen["rest_a"]["start"] < seen["timed"]["end"]
+    assert seen["rest_a"]["start"] < seen["rest_b"]["end"] and seen["rest_b"]["start"] < seen["rest_a"]["end"]
+    for report in ("serial.xml", "parallel.xml"):
+        assert "<testcase" in (reports / report).read_text()
+    assert "the timed tests" in done.stdout and "1 passed" in done.stdout
+
+
+def test_a_failure_in_either_pass_fails_the_run(tmp_path):
+    for failing in ("test_timed", "test_rest_b"):
+        suite = SUITE.replace(f"def {failing}():\n", f"def {failing}():\n    assert False, 'planted'\n")
+        done, _, _ = _run(tmp_path / failing, suite)
+        assert done.returncode == 1, (failing, done.stdout[-2000:])
+        assert "planted" in done.stdout
