@@ -1,7 +1,8 @@
 """A benchmark worker that runs *inside* a region's namespace and takes commands from the orchestrator.
 
 ``python -m benchmarks.wan_bench.agent`` reads one JSON command per line on stdin and answers each with
-one JSON line on stdout (``{"ready": true}`` first, once imports are done, so start-up never counts). Everything
+one JSON line on stdout (``{"ready": true}`` first, once imports are done and the codec's kernels compiled, so
+start-up never counts). Everything
 it measures goes through the real library code: :class:`~aurora_store.follow.Follower` (manifest +
 segments over ``S`` streams, SHA-256 checks, decode, digest; or the full snapshot, the full-weights
 baseline), :class:`~aurora_store.store.publisher.VersionPublisher` (cut-through or
@@ -261,6 +262,9 @@ class Agent:
     def serve(self, commands: TextIO, replies: TextIO) -> int:
         ops = {"load": self.load, "load_new": self.load_new, "deliver": self.deliver, "watch": self.watch,
                "await_stage": self.await_stage, "follow": self.follow, "publish": self.publish}
+        from aurora_store.codec.warm import warm_kernels
+
+        warm_kernels()  # compiling the codec's kernels is start-up too (on a fresh checkout: seconds)
         _reply(replies, {"ready": True, "pid": os.getpid()})
         for line in commands:
             if not line.strip():

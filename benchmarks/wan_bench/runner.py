@@ -70,6 +70,11 @@ def run(cfg: BenchConfig, out_dir: Path) -> dict[str, Any]:
         data = None
         first = None
         if synthetic:
+            # Compiled once here, the kernels are in numba's on-disk cache before any agent starts: on a fresh
+            # checkout each agent would otherwise compile them itself, on the clock of its first measurement.
+            from aurora_store.codec.warm import warm_kernels
+
+            warm_kernels()
             first = env.agent(REMOTE, "actor1", wait=False)  # imports while the model is built
             data = model.build(cfg, Path(work))
             doc["model"] = data.describe()

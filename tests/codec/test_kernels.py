@@ -4,6 +4,7 @@ same digest sums, the same changed elements, for every thread count and block cu
 from __future__ import annotations
 
 import hashlib
+import json
 
 import numpy as np
 import pytest
@@ -234,3 +235,24 @@ def test_map_ahead_raises_the_earliest_failure_and_never_leaves_a_task_running()
     assert [next(results) for _ in range(3)] == [0, 1, 2]
     results.close()  # the consumer stops early
     assert running == 0
+
+
+def test_warm_kernels_compiles_the_publish_and_follow_paths():
+    """What ``warm_kernels`` runs is what a publisher and a follower into host tensors call: in a fresh process,
+    every kernel those paths enter has machine code afterwards (loaded from numba's cache, or compiled), and
+    none before."""
+    import subprocess
+    import sys
+
+    entries = ["changes", "delta_lanes", "leb128_gaps", "delta16_values", "range_lanes", "gap_indices_into",
+               "delta16_gather_apply"]
+    probe = ("import json, sys\n"
+             "from aurora_store.codec import kernels\n"
+             "from aurora_store.codec.warm import warm_kernels\n"
+             f"names = {entries!r}\n"
+             "before = [n for n in names if getattr(kernels, n).signatures]\n"
+             "warm_kernels()\n"
+             "print(json.dumps([before, [n for n in names if not getattr(kernels, n).signatures]]))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [[], []]
