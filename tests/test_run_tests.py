@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,24 +27,28 @@ import pytest
 OUT = Path(os.environ["RUN_TESTS_OUT"])
 
 
-def record(name):
-    start = time.time()
-    time.sleep(1.5)
-    (OUT / f"{name}.json").write_text(json.dumps({"nice": os.nice(0), "start": start, "end": time.time(),
+def record(name, wait_for=()):
+    (OUT / f"{name}.started").touch()
+    # Each waits until the others it names have started too: run one after the other, it would time out.
+    deadline = time.time() + 120
+    while not all((OUT / f"{other}.started").exists() for other in wait_for):
+        assert time.time() < deadline, f"{name}: {wait_for} never started while it ran"
+        time.sleep(0.05)
+    (OUT / f"{name}.json").write_text(json.dumps({"nice": os.nice(0),
                                                    "xdist": os.environ.get("PYTEST_XDIST_WORKER")}))
 
 
 @pytest.mark.serial
 def test_timed():
-    record("timed")
+    record("timed", ("rest_a", "rest_b"))
 
 
 def test_rest_a():
-    record("rest_a")
+    record("rest_a", ("timed", "rest_b"))
 
 
 def test_rest_b():
-    record("rest_b")
+    record("rest_b", ("timed", "rest_a"))
 '''
 
 INI = '[pytest]\nmarkers =\n    serial: timed\n    long: full length\n'
@@ -73,9 +78,7 @@ def test_the_timed_tests_run_beside_the_rest_at_a_higher_priority(tmp_path):
     assert seen["timed"]["nice"] == base and seen["timed"]["xdist"] is None
     for name in ("rest_a", "rest_b"):
         assert seen[name]["nice"] == min(19, base + 19) and seen[name]["xdist"] is not None
-    # at the same time: the timed test overlaps the rest, and the rest's two tests overlap each other
-    assert seen["timed"]["start"] < seen["rest_a"]["end"] and seen["rest_a"]["start"] < seen["timed"]["end"]
-    assert seen["rest_a"]["start"] < seen["rest_b"]["end"] and seen["rest_b"]["start"] < seen["rest_a"]["end"]
+    # at the same time: each test waited for the other two to start (run in turn, the first would time out)
     for report in ("serial.xml", "parallel.xml"):
         assert "<testcase" in (reports / report).read_text()
     assert "the timed tests" in done.stdout and "1 passed" in done.stdout
@@ -83,7 +86,9 @@ def test_the_timed_tests_run_beside_the_rest_at_a_higher_priority(tmp_path):
 
 def test_a_failure_in_either_pass_fails_the_run(tmp_path):
     for failing in ("test_timed", "test_rest_b"):
-        suite = SUITE.replace(f"def {failing}():\n", f"def {failing}():\n    assert False, 'planted'\n")
+        # the planted failure comes after the test has started, so the others' waits still end
+        suite = re.sub(rf"(def {failing}\(\):\n    record\([^\n]*\)\n)", r"\1    assert False, 'planted'\n", SUITE)
+        assert suite != SUITE
         done, _, _ = _run(tmp_path / failing, suite)
         assert done.returncode == 1, (failing, done.stdout[-2000:])
         assert "planted" in done.stdout
