@@ -23,7 +23,7 @@ from workers.cluster import ClusterSpec, LocalCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
-STEPS, BATCH = 20, 32
+STEPS, BATCH = 30, 32
 
 
 class RogueActor(threading.Thread):

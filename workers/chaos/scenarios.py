@@ -429,18 +429,23 @@ def flaky_storage(run_dir: Path, quick: bool) -> ScenarioResult:
             # regional one, and this scenario is about the bucket path. A corrupt cache read is rejected the
             # same way (tests/follow/test_prefetch.py).
             # A short warm start: rewards, hence gradients and non-empty deltas, from the first steps on.
-            spec = fast_spec(run_dir, steps=steps, actors={"us-east": 1, "eu-west": 1},
+            # The home actor starts once the remote one is ready: alone, it can finish the run (~0.3 s a step)
+            # before the remote actor has bootstrapped, and then no version is left to corrupt.
+            spec = fast_spec(run_dir, steps=steps, actors={"eu-west": 1},
                              env={**s3.env()}, bucket_urls={"us-east": home_url,
                                                             "eu-west": str(run_dir / "buckets" / "eu-west")},
                              relay_args=["--no-serve-cache"], trainer_args=["--warm-start-steps", "10"])
             with LocalCluster(spec) as cluster:
-                wait_version(cluster, 3)
                 wait_actor_ready(cluster, "eu-west-1")
+                cluster.start_actor("us-east-1", "us-east")
+                wait_actor_ready(cluster, "us-east-1")
+                wait_version(cluster, 3)
                 remote = cluster.group["actor-eu-west-1"]
                 os.kill(remote.process.pid, signal.SIGSTOP)  # hold the remote actor so it meets the corruption
-                # A version not yet published (the trainer's state can trail its bucket by one): the frozen
-                # actor cannot have fetched it, so it must meet the corruption when it thaws.
-                target_version = max(cluster.trainer_version(), cluster.store().latest_version() or 0) + 1
+                # A version whose segments did not exist when the actor froze, so that it must meet the
+                # corruption when it thaws: the trainer's state can trail its bucket by one, and the next
+                # version's segments are announced (and prefetched, cut-through) before the state says so.
+                target_version = max(cluster.trainer_version(), cluster.store().latest_version() or 0) + 2
                 regional = DeltaStore(open_bucket(cluster.buckets["eu-west"]))
                 # A step whose groups all earned the same reward (likely before any warm start) has no gradient
                 # and publishes an empty delta: the victim is the first later version that has a segment.
