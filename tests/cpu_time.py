@@ -5,10 +5,17 @@ a test that sleeps on a child for a minute costs little, one that starts three e
 test's report carries ``cpu_s``: user + system time of the pytest process and of every child it waited for,
 from the start of its setup to the end of its teardown (a module fixture's servers are charged to the test that
 tears them down). ``scripts/test-durations --cpu`` turns the reports into a table by file.
+
+Processes nobody waits for (engines' helper processes, a Ray cluster's daemons, servers a module leaves to exit
+on their own) escape that count, and they can be most of a test's cost: a vLLM cluster test was charged 47 of
+the 107 CPU-s the machine spent on it. So each report also carries ``machine_cpu_s``, the whole machine's busy
+time over the test (``/proc/stat``). It means something only when the test ran alone (``-p no:xdist``, nothing
+else running); beside other tests it counts theirs too.
 """
 
 from __future__ import annotations
 
+import os
 import resource
 
 import pytest
@@ -16,6 +23,19 @@ import pytest
 from workers import forkserver
 
 _START_KEY = pytest.StashKey[float]()
+_MACHINE_START_KEY = pytest.StashKey[float]()
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _machine_cpu_seconds() -> float | None:
+    """Busy seconds of every CPU since boot (user, nice, system, irq, softirq), or None off Linux."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields[1:8])
+    return (user + nice + system + irq + softirq) / _TICKS_PER_S
 
 
 def _cpu_seconds() -> float:
@@ -30,6 +50,9 @@ def _cpu_seconds() -> float:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     item.stash[_START_KEY] = _cpu_seconds()
+    machine = _machine_cpu_seconds()
+    if machine is not None:
+        item.stash[_MACHINE_START_KEY] = machine
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -39,3 +62,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if call.when == "teardown" and _START_KEY in item.stash:
         # the JUnit writer copies a teardown report's user properties onto the test case
         report.user_properties.append(("cpu_s", round(_cpu_seconds() - item.stash[_START_KEY], 2)))
+        machine = _machine_cpu_seconds()
+        if machine is not None and _MACHINE_START_KEY in item.stash:
+            report.user_properties.append(("machine_cpu_s", round(machine - item.stash[_MACHINE_START_KEY], 2)))

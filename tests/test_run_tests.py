@@ -1,4 +1,4 @@
-"""``scripts/run-tests`` (``make test-parallel``), run on a small suite of its own: the timed tests (marked
+"""``scripts/run-tests`` (``make test``), run on a small suite of its own: the timed tests (marked
 ``serial``) at the caller's CPU priority, the rest on xdist workers at the lowest, both passes at the same time,
 a JUnit report each, and the exit status of whichever failed."""
 
@@ -35,7 +35,8 @@ def record(name, wait_for=()):
         assert time.time() < deadline, f"{name}: {wait_for} never started while it ran"
         time.sleep(0.05)
     (OUT / f"{name}.json").write_text(json.dumps({"nice": os.nice(0), "idle": os.sched_getscheduler(0) == os.SCHED_IDLE,
-                                                   "xdist": os.environ.get("PYTEST_XDIST_WORKER")}))
+                                                   "xdist": os.environ.get("PYTEST_XDIST_WORKER"),
+                                                   "vllm_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND")}))
 
 
 @pytest.mark.serial
@@ -62,6 +63,7 @@ def _run(tmp_path: Path, suite: str) -> tuple[subprocess.CompletedProcess, Path,
     (tests / "test_suite.py").write_text(suite)
     env = {**os.environ, "RUN_TESTS_OUT": str(out)}
     env.pop("PYTEST_XDIST_WORKER", None)
+    env.pop("VLLM_CPU_OMP_THREADS_BIND", None)
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "run-tests"), "--workers", "2", "--reports",
                            str(reports), "--", "-p", "no:cacheprovider", "-c", str(tests / "pytest.ini"),
                            "--rootdir", str(tests), str(tests)],
@@ -78,6 +80,9 @@ def test_the_timed_tests_run_beside_the_rest_at_a_higher_priority(tmp_path):
     assert seen["timed"]["nice"] == base and seen["timed"]["xdist"] is None and not seen["timed"]["idle"]
     for name in ("rest_a", "rest_b"):
         assert seen[name]["nice"] == 19 and seen[name]["idle"] and seen[name]["xdist"] is not None
+        # unbound: an engine's thread pinned to a core would starve there behind the timed tests
+        assert seen[name]["vllm_bind"] == "nobind"
+    assert seen["timed"]["vllm_bind"] is None
     # at the same time: each test waited for the other two to start (run in turn, the first would time out)
     for report in ("serial.xml", "parallel.xml"):
         assert "<testcase" in (reports / report).read_text()

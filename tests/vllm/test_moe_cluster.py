@@ -3,7 +3,12 @@ router's load-balancing loss in its loss) and publishes every step; a relay copi
 region, where a vLLM actor (experts repacked by vLLM's CPU kernels, written in place through the packing's
 permutation) and a torch actor follow. Both activate every version after their bootstrap, each on its
 manifest's digest, and end on the trainer's digest; ``--verify-full-digest`` re-hashes the engine's weights
-after every activation (a mismatch ends the actor with an error)."""
+after every activation (a mismatch ends the actor with an error).
+
+The vLLM engine runs in the actor's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), as in test_cluster: the engine
+core and worker in processes of their own are test_engine's and test_held_activation's to prove. In the parallel
+test pass, at the lowest CPU priority on a loaded machine, the multiprocess engine's catch-up stalled for minutes
+twice (its worker busy-polls its queue after every call), and it costs ~20 CPU-s more."""
 
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ def moe_run(tmp_path_factory):
                        actors={"eu-west": 1}, engine="vllm", snapshot_every=100, run="moe",
                        trainer_args=["--model-config", "qwen3_moe", "--initial-lease-s", "120",
                                      "--warm-start-steps", "20"],
-                       actor_args=["--verify-full-digest"])
+                       actor_args=["--verify-full-digest"], env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     cluster = LocalCluster(spec).start()
     try:
         cluster.start_actor("eu-west-2", "eu-west", ["--engine", "torch"])
