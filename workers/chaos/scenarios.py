@@ -413,6 +413,12 @@ def _has_version(store: DeltaStore, version: int) -> bool:
     return version in store.versions()
 
 
+def _shares_work(cluster: LocalCluster, actor_id: str) -> bool:
+    """Whether a step has been dispatched with a share for ``actor_id``."""
+    return any(json.loads(e.get("shares") or "{}").get(actor_id, 0) > 0
+               for e in events(cluster.plane.run_log(), "dispatch"))
+
+
 def flaky_storage(run_dir: Path, quick: bool) -> ScenarioResult:
     """The home bucket is a real S3 server behind a fault-injecting proxy (5xx, slow and stalled responses),
     and one segment in the regional bucket is corrupted on disk: retries and digest checks absorb both."""
@@ -440,6 +446,13 @@ def flaky_storage(run_dir: Path, quick: bool) -> ScenarioResult:
                 cluster.start_actor("us-east-1", "us-east")
                 wait_actor_ready(cluster, "us-east-1")
                 wait_version(cluster, 3)
+                # Freeze the remote actor only once the home one shares the work, i.e. holds the versions the
+                # trainer dispatches on. Otherwise the frozen actor can hold every lease of a step while the home
+                # actor, still catching up, leaps past that step's version by a snapshot: nobody is left on the
+                # version the expired leases are for, and the run waits for the frozen actor (seen in a loaded
+                # run: 90 s without a version).
+                cluster.wait_for(functools.partial(_shares_work, cluster, "us-east-1"), 120,
+                                 "the home actor sharing the work")
                 remote = cluster.group["actor-eu-west-1"]
                 os.kill(remote.process.pid, signal.SIGSTOP)  # hold the remote actor so it meets the corruption
                 # A version whose segments did not exist when the actor froze, so that it must meet the
