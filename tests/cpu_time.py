@@ -22,8 +22,8 @@ import pytest
 
 from workers import forkserver
 
-_START_KEY = pytest.StashKey[float]()
-_MACHINE_START_KEY = pytest.StashKey[float]()
+#: (this process tree's CPU seconds, the machine's busy seconds or None) at the start of a test's setup
+_START_KEY = pytest.StashKey[tuple[float, float | None]]()
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -49,10 +49,7 @@ def _cpu_seconds() -> float:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    item.stash[_START_KEY] = _cpu_seconds()
-    machine = _machine_cpu_seconds()
-    if machine is not None:
-        item.stash[_MACHINE_START_KEY] = machine
+    item.stash[_START_KEY] = (_cpu_seconds(), _machine_cpu_seconds())
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -61,7 +58,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = outcome.get_result()
     if call.when == "teardown" and _START_KEY in item.stash:
         # the JUnit writer copies a teardown report's user properties onto the test case
-        report.user_properties.append(("cpu_s", round(_cpu_seconds() - item.stash[_START_KEY], 2)))
+        cpu_start, machine_start = item.stash[_START_KEY]
+        report.user_properties.append(("cpu_s", round(_cpu_seconds() - cpu_start, 2)))
         machine = _machine_cpu_seconds()
-        if machine is not None and _MACHINE_START_KEY in item.stash:
-            report.user_properties.append(("machine_cpu_s", round(machine - item.stash[_MACHINE_START_KEY], 2)))
+        if machine is not None and machine_start is not None:
+            report.user_properties.append(("machine_cpu_s", round(machine - machine_start, 2)))

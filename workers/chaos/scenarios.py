@@ -413,12 +413,6 @@ def _has_version(store: DeltaStore, version: int) -> bool:
     return version in store.versions()
 
 
-def _shares_work(cluster: LocalCluster, actor_id: str) -> bool:
-    """Whether a step has been dispatched with a share for ``actor_id``."""
-    return any(json.loads(e.get("shares") or "{}").get(actor_id, 0) > 0
-               for e in events(cluster.plane.run_log(), "dispatch"))
-
-
 def flaky_storage(run_dir: Path, quick: bool) -> ScenarioResult:
     """The home bucket is a real S3 server behind a fault-injecting proxy (5xx, slow and stalled responses),
     and one segment in the regional bucket is corrupted on disk: retries and digest checks absorb both."""
@@ -451,7 +445,7 @@ def flaky_storage(run_dir: Path, quick: bool) -> ScenarioResult:
                 # actor, still catching up, leaps past that step's version by a snapshot: nobody is left on the
                 # version the expired leases are for, and the run waits for the frozen actor (seen in a loaded
                 # run: 90 s without a version).
-                cluster.wait_for(functools.partial(_shares_work, cluster, "us-east-1"), 120,
+                cluster.wait_for(lambda: _dispatch_with(cluster, "us-east-1", 0), 120,
                                  "the home actor sharing the work")
                 remote = cluster.group["actor-eu-west-1"]
                 os.kill(remote.process.pid, signal.SIGSTOP)  # hold the remote actor so it meets the corruption
