@@ -22,14 +22,23 @@ def run_and_check_every_version(run_dir: Path, bucket_url: str, *, run: str, ste
         final = summary["trainer_version"]
         state = cluster.wait_for(lambda: next((s for s, _ in cluster.plane.actors().values()
                                                if s.active_version == final), None), 60, f"the actor on v{final}")
-        log = cluster.plane.run_log()
+
+        def log_has_final() -> list[dict[str, str]] | None:
+            # The actor's state can show a version before its run-log event is written (a heartbeat between
+            # the two, its digest check taking long on a loaded machine): wait for the event too.
+            entries = cluster.plane.run_log()
+            return entries if any(e["kind"] in ("activate", "actor_bootstrap") and int(e["version"]) == final
+                                  for e in entries) else None
+
+        log = cluster.wait_for(log_has_final, 30, f"the run log's event for v{final}")
         store = cluster.store()
         assert isinstance(store.bucket, bucket_type), type(store.bucket)
-        assert final == steps and state.active_digest == summary["trainer_digest"]
+        assert final == steps, summary
+        assert state.active_digest == summary["trainer_digest"], (state, summary)
         (boot,) = [int(e["version"]) for e in log if e["kind"] == "actor_bootstrap"]
         activated = {int(e["version"]): e["digest"] for e in log if e["kind"] == "activate"}
-        assert sorted(activated) == list(range(boot + 1, final + 1))
+        assert sorted(activated) == list(range(boot + 1, final + 1)), (boot, activated)
         assert activated == {v: store.manifest(v).weights_digest for v in activated}
-        assert len(set(activated.values())) == len(activated)  # every version changed the weights
+        assert len(set(activated.values())) == len(activated), activated  # every version changed the weights
         cluster.group.stop_all()
         assert cluster.group[f"actor-{cluster.actor_ids[0]}"].process.returncode == 0  # it left gracefully

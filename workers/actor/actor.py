@@ -182,7 +182,6 @@ class Actor:
                 engine.weights_changed()
                 self.activations += 1
                 self.view.changed.notify_all()
-            self.beat_now.set()
             seconds = time.perf_counter() - started
             self.metrics.activate_seconds.observe(seconds)
             self._update_gauges()
@@ -193,6 +192,7 @@ class Actor:
             self.plane.log_event("activate", actor=self.actor_id, region=self.config.region, version=staged.version,
                                  digest=str(target.digest), seconds=round(seconds, 6))
             log.info("activated version %d", staged.version, extra={"activate_s": round(seconds, 6)})
+            self.beat_now.set()  # after the run log has the activation (the next tick may still come first)
 
     def _generate(self, engine: Engine, batch: list[Lease]) -> None:
         target = self.follower.target

@@ -429,30 +429,27 @@ def flaky_storage(run_dir: Path, quick: bool) -> ScenarioResult:
             # regional one, and this scenario is about the bucket path. A corrupt cache read is rejected the
             # same way (tests/follow/test_prefetch.py).
             # A short warm start: rewards, hence gradients and non-empty deltas, from the first steps on.
-            # The home actor starts once the remote one is ready: alone, it can finish the run (~0.3 s a step)
-            # before the remote actor has bootstrapped, and then no version is left to corrupt.
-            spec = fast_spec(run_dir, steps=steps, actors={"eu-west": 1},
+            # No snapshot after the first: a thawed actor far behind could otherwise catch up through a
+            # snapshot at or past the corrupted version and never read its segments (CI saw it: the corrupted
+            # version was 5, a snapshot version, and nothing was refetched).
+            spec = fast_spec(run_dir, steps=steps, actors={"eu-west": 1}, snapshot_every=1000,
                              env={**s3.env()}, bucket_urls={"us-east": home_url,
                                                             "eu-west": str(run_dir / "buckets" / "eu-west")},
                              relay_args=["--no-serve-cache"], trainer_args=["--warm-start-steps", "10"])
             with LocalCluster(spec) as cluster:
                 wait_actor_ready(cluster, "eu-west-1")
-                cluster.start_actor("us-east-1", "us-east")
-                wait_actor_ready(cluster, "us-east-1")
-                wait_version(cluster, 3)
-                # Freeze the remote actor only once the home one shares the work, i.e. holds the versions the
-                # trainer dispatches on. Otherwise the frozen actor can hold every lease of a step while the home
-                # actor, still catching up, leaps past that step's version by a snapshot: nobody is left on the
-                # version the expired leases are for, and the run waits for the frozen actor (seen in a loaded
-                # run: 90 s without a version).
-                cluster.wait_for(lambda: _dispatch_with(cluster, "us-east-1", 0), 120,
-                                 "the home actor sharing the work")
+                wait_version(cluster, 2)
+                # Freeze the remote actor, the only one, so that it meets the corruption when it thaws. The home
+                # actor starts now and takes the work over once the frozen actor's leases expire (it bootstraps
+                # from snapshot 0 and replays every delta: it is on the trainer's version). Started any earlier,
+                # it can finish a 10-step run alone (~0.3 s a step) before the freeze.
                 remote = cluster.group["actor-eu-west-1"]
-                os.kill(remote.process.pid, signal.SIGSTOP)  # hold the remote actor so it meets the corruption
-                # A version whose segments did not exist when the actor froze, so that it must meet the
-                # corruption when it thaws: the trainer's state can trail its bucket by one, and the next
-                # version's segments are announced (and prefetched, cut-through) before the state says so.
+                os.kill(remote.process.pid, signal.SIGSTOP)
+                # A version whose segments did not exist when the actor froze: the trainer's state can trail its
+                # bucket by one, and the next version's segments are announced (and prefetched, cut-through)
+                # before the state says so.
                 target_version = max(cluster.trainer_version(), cluster.store().latest_version() or 0) + 2
+                cluster.start_actor("us-east-1", "us-east")
                 regional = DeltaStore(open_bucket(cluster.buckets["eu-west"]))
                 # A step whose groups all earned the same reward (likely before any warm start) has no gradient
                 # and publishes an empty delta: the victim is the first later version that has a segment.
@@ -482,8 +479,10 @@ def flaky_storage(run_dir: Path, quick: bool) -> ScenarioResult:
                 refetched = [e for e in events(log, "refetch_source") if int(e["version"]) == target_version]
                 activated = [e for e in events(log, "activate") if e.get("actor") == "eu-west-1"
                              and int(e["version"]) == target_version]
+                catch_ups = [f"{e['version']}->{e['goal']}:{e['path']}" for e in events(log, "catch_up")
+                             if e.get("actor") == "eu-west-1"]
                 result.figures = {"proxy": proxy.counters.as_dict(), "corrupted_version": target_version,
-                                  "refetched_from_source": len(refetched),
+                                  "refetched_from_source": len(refetched), "remote_catch_ups": catch_ups,
                                   "activated_digest_ok": bool(activated) and activated[0]["digest"] ==
                                   manifest.weights_digest}
                 result.invariants["faults_were_injected"] = proxy.counters.errors + proxy.counters.stalls > 0
