@@ -195,15 +195,21 @@ class Follower:
 
     # --- deciding what to stage ---------------------------------------------------------------------
 
-    def next_step(self, want: int, cause: Literal["next", "behind", "missing"]) -> Step | None:
+    def next_step(self, want: int, cause: Literal["next", "behind", "missing"], *,
+                  ceiling: int | None = None) -> Step | None:
         """What to stage next on the way to the bucket's newest version, ``want`` being the active version + 1:
         the delta ``want`` when it is next and present (``cause="next"``), else the cheapest path by bytes
         (``behind``: the bucket is further ahead; ``missing``: the last attempt found ``want`` absent — still
-        copying, or removed by a gc). ``None``: nothing reachable yet, look again later."""
+        copying, or removed by a gc). ``None``: nothing reachable yet, look again later.
+
+        ``ceiling``: the newest version the caller may activate now (an actor: the committed one). A catch-up
+        then plans to it, not past it: a snapshot newer than the ceiling could not be activated yet, and the
+        caller would wait on an old version for it, on no version the run is working on (a trainer dispatching
+        on the committed version would find nobody eligible)."""
         if cause == "next":
             return Step(want)
         try:
-            plan, from_source = self._plan(cause)
+            plan, from_source = self._plan(cause, ceiling)
         except VersionNotFoundError as exc:
             # Neither the chain nor a snapshot reaches the bucket's newest version from here (yet): wait.
             current = self.target.version
@@ -218,33 +224,36 @@ class Follower:
             return None  # not in this bucket yet (relay still copying)
         return Step(want, from_source=from_source)
 
-    def plan(self, cause: str) -> CatchUpPlan | None:
+    def plan(self, cause: str, *, ceiling: int | None = None) -> CatchUpPlan | None:
         """Replay or snapshot, by bytes, from the active version to the newest verified version the current
-        bucket holds (or, when it offers no path there, the source bucket). ``None`` when there is nothing to
-        decide (not behind, or the next version is not there yet, or decided already). Raises
+        bucket holds (or, when it offers no path there, the source bucket), but not past ``ceiling`` when that
+        is ahead of the active version (see :meth:`next_step`). ``None`` when there is nothing to decide (not
+        behind, or the next version is not there yet, or decided already). Raises
         :class:`VersionNotFoundError` when no snapshot or delta chain reaches it."""
-        return self._plan(cause)[0]
+        return self._plan(cause, ceiling)[0]
 
-    def _plan(self, cause: str) -> tuple[CatchUpPlan | None, bool]:
+    def _plan(self, cause: str, ceiling: int | None = None) -> tuple[CatchUpPlan | None, bool]:
         """:meth:`plan`, and whether it is a plan in the source bucket."""
         store = self.chain.store()
         try:
-            return self._plan_in(store, cause), False
+            return self._plan_in(store, cause, ceiling), False
         except VersionNotFoundError as exc:
             source = self.chain.source
             if source is None or source is store:
                 raise
             log.warning("no catch-up path in %s; planning from the source bucket", store.url,
                         extra={"error": str(exc)[:300]})
-            return self._plan_in(source, cause), True
+            return self._plan_in(source, cause, ceiling), True
 
-    def _plan_in(self, store: DeltaStore, cause: str) -> CatchUpPlan | None:
+    def _plan_in(self, store: DeltaStore, cause: str, ceiling: int | None) -> CatchUpPlan | None:
         current = self.target.version
         if current is None:
             raise VersionNotFoundError("the target declares no version: nothing to plan from")
         deltas = self._sizes_of(store, "delta", store.versions(after=current))
         snapshots = self._sizes_of(store, "snapshot", [s for s in store.snapshot_versions() if s > current])
         goal = max(list(deltas)[-1:] + list(snapshots)[-1:], default=None)
+        if goal is not None and ceiling is not None:
+            goal = min(goal, max(ceiling, current + 1))  # the next version is always worth staging
         if goal is None or goal <= current + (1 if cause == "behind" else 0):
             return None
         if self._planned == (current, goal) and cause == "behind":

@@ -72,6 +72,24 @@ def test_a_target_behind_plans_by_bytes_and_follows_to_the_newest(run):
     assert report.steps[-1] == Step(8)
 
 
+def test_a_catch_up_does_not_plan_past_the_ceiling(tmp_path):
+    # Dense deltas: every snapshot is cheaper than replaying up to it, so the plan leaps whenever it may.
+    dense = build_bucket(str(tmp_path / "dense"), versions=8, snapshots=(0, 4, 6), fraction=0.9)
+    follower = Follower(BucketChain(dense.store))
+    follower.attach(target_at(dense, 1))
+    assert follower.next_step(2, "behind") == Step(6, snapshot=True), "without a ceiling: the newest snapshot"
+    follower = Follower(BucketChain(dense.store))
+    target = target_at(dense, 1)
+    follower.attach(target)
+    # Committed is 5: snapshot 6 could not be activated yet, and the caller would wait on version 1 for it.
+    assert follower.next_step(2, "behind", ceiling=5) == Step(4, snapshot=True)
+    follower.follow_to(4)
+    # A ceiling at or below the active version still lets the next version be staged, never more.
+    assert follower.next_step(5, "behind", ceiling=3) == Step(5)
+    assert follower.next_step(5, "missing", ceiling=3) == Step(5)
+    assert_holds(target, dense, 4)
+
+
 def test_snapshots_false_replays_every_delta(run):
     target = target_at(run, 2)
     report = follow(run.store, target, 8, snapshots=False)

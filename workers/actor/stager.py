@@ -43,10 +43,13 @@ class Stager:
                     self.view.changed.wait(0.5)
                     continue
                 behind = self.view.known_latest > want
+                committed = self.view.committed
             step: Step | None = Step(want)
             if (behind or missing) and not self.full_sync:
                 try:
-                    step = self.follower.next_step(want, "missing" if missing else "behind")
+                    # Not past the committed version: a snapshot beyond it waits for its commit, and meanwhile
+                    # this actor is on no version the trainer dispatches on.
+                    step = self.follower.next_step(want, "missing" if missing else "behind", ceiling=committed)
                 except AuroraError as exc:
                     log.warning("catch-up planning failed", extra={"error": str(exc)})
                     step = None
