@@ -165,8 +165,8 @@ class _Server:
 
     def _call(self, function: str, *args: Any, timeout: float = 30.0, watch: bool = False) -> Any:
         """``function(*args)`` here, or through the launcher where the server's network is."""
-        if not self.launcher:
-            return globals()[function](*args)
+        if not self.launcher:  # a watched function takes the server's process, to stop waiting if it exits
+            return globals()[function](*args, **({"process": self.process} if watch else {}))
         return call_through(self.launcher, function, args, timeout=timeout,
                             watch=self.process if watch else None)
 
@@ -175,11 +175,7 @@ class _Server:
         return children.popen([*(self.launcher or []), *args], **kwargs)
 
     def _wait_for_port(self, port: int, timeout: float) -> None:
-        host = getattr(self, "host", "127.0.0.1")
-        if not self.launcher:
-            wait_for_port(host, port, timeout, self.process)
-        else:
-            self._call("wait_for_port", host, port, timeout, timeout=timeout, watch=True)
+        self._call("wait_for_port", getattr(self, "host", "127.0.0.1"), port, timeout, timeout=timeout, watch=True)
 
     def _unstarted_in_scratch_dir(self, prefix: str) -> None:
         """Not started yet, on no port, in a temporary directory of its own (removed when it stops)."""
@@ -420,19 +416,30 @@ class S3Server(_Server):
         self._call("s3_create_bucket", self.endpoint_url, self.access_key, self.secret_key, name, timeout=40.0)
 
 
-def _s3_client(endpoint_url: str, access_key: str, secret_key: str):
+def _s3_client(endpoint_url: str, access_key: str, secret_key: str, config: Any = None):
     import boto3
 
     return boto3.client("s3", endpoint_url=endpoint_url, aws_access_key_id=access_key,
-                        aws_secret_access_key=secret_key, region_name="us-east-1")
+                        aws_secret_access_key=secret_key, region_name="us-east-1", config=config)
 
 
-def s3_wait_ready(endpoint_url: str, access_key: str, secret_key: str, timeout: float) -> None:
-    """The S3 port opens before the filer behind it is ready: poll a real request."""
+def s3_wait_ready(endpoint_url: str, access_key: str, secret_key: str, timeout: float,
+                  process: subprocess.Popen | None = None) -> None:
+    """The S3 port opens before the filer behind it is ready: poll a real request. ``process`` (the server)
+    exiting meanwhile raises :class:`ServerExitedError` at once: its S3 port was taken (SeaweedFS exits when
+    it cannot bind it), and whatever answered the port check was someone else's socket."""
+    from botocore.config import Config
+
     deadline = time.monotonic() + timeout
     last: Exception | None = None
-    client = _s3_client(endpoint_url, access_key, secret_key)
+    # Short timeouts, no retries: a probe that hangs on someone else's listener must not outlast the check
+    # of the process below.
+    client = _s3_client(endpoint_url, access_key, secret_key,
+                        Config(connect_timeout=2, read_timeout=2, retries={"max_attempts": 1}))
     while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise ServerExitedError(f"S3 server exited with code {process.returncode} before it was ready "
+                                    f"at {endpoint_url}")
         try:
             client.list_buckets()
             return

@@ -5,6 +5,7 @@ Such a server is started again on fresh ports; one given a port by its caller is
 from __future__ import annotations
 
 import socket
+import time
 
 import boto3
 import pytest
@@ -59,6 +60,42 @@ def test_s3_whose_chosen_port_was_taken_starts_on_fresh_ports(monkeypatch):
     monkeypatch.setattr(localservices, "free_ports", first_choice_taken)
     with holder, S3Server().start() as server:
         assert len(choices) == 2 and server.port == choices[1][0] != taken
+        client = boto3.client("s3", endpoint_url=server.endpoint_url, region_name="us-east-1",
+                              aws_access_key_id=server.access_key, aws_secret_access_key=server.secret_key)
+        assert "Buckets" in client.list_buckets()
+
+
+def test_s3_whose_port_a_passing_listener_held_starts_on_fresh_ports(monkeypatch):
+    """Seen beside a parallel test pass: someone else listened on the S3 port for a moment. The port check
+    connected to that listener, SeaweedFS exited as it could not bind the port, and the readiness probe then
+    polled a closed port for its whole minute. The probe watches the process: the server moves at once."""
+    real, choices = localservices.free_ports, []
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    taken = listener.getsockname()[1]
+
+    def first_choice_listened_on(count: int, host: str = "127.0.0.1") -> list[int]:
+        ports = real(count, host)
+        if not choices:
+            ports[0] = taken
+        choices.append(ports)
+        return ports
+
+    real_ready = localservices.s3_wait_ready
+
+    def listener_gone_before_the_probe(*args, process, **kwargs) -> None:
+        if not choices[1:]:  # the first launch: SeaweedFS exits (the port is held), then the listener leaves
+            process.wait(timeout=30)
+            listener.close()
+        return real_ready(*args, process=process, **kwargs)
+
+    monkeypatch.setattr(localservices, "free_ports", first_choice_listened_on)
+    monkeypatch.setattr(localservices, "s3_wait_ready", listener_gone_before_the_probe)
+    started = time.monotonic()
+    with S3Server().start() as server:
+        assert len(choices) == 2 and server.port == choices[1][0] != taken
+        assert time.monotonic() - started < 30, "moved when the server exited, not after the probe's minute"
         client = boto3.client("s3", endpoint_url=server.endpoint_url, region_name="us-east-1",
                               aws_access_key_id=server.access_key, aws_secret_access_key=server.secret_key)
         assert "Buckets" in client.list_buckets()
