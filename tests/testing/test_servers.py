@@ -44,11 +44,10 @@ def test_redis_on_a_callers_taken_port_fails_with_a_typed_error_and_leaves_nothi
         assert server.port == port and server.process is None
 
 
-def test_s3_whose_chosen_port_was_taken_starts_on_fresh_ports(monkeypatch):
-    """The race itself can't be forced, so the first choice of ports is made to include a taken one."""
+def first_choice_is(taken: int, monkeypatch) -> list[list[int]]:
+    """Make the first choice of ports for a server start with ``taken`` (the race itself can't be forced);
+    returns the list of every choice made."""
     real, choices = localservices.free_ports, []
-    holder = occupy(0)
-    taken = holder.getsockname()[1]
 
     def first_choice_taken(count: int, host: str = "127.0.0.1") -> list[int]:
         ports = real(count, host)
@@ -58,30 +57,33 @@ def test_s3_whose_chosen_port_was_taken_starts_on_fresh_ports(monkeypatch):
         return ports
 
     monkeypatch.setattr(localservices, "free_ports", first_choice_taken)
+    return choices
+
+
+def assert_serves_s3(server: S3Server) -> None:
+    client = boto3.client("s3", endpoint_url=server.endpoint_url, region_name="us-east-1",
+                          aws_access_key_id=server.access_key, aws_secret_access_key=server.secret_key)
+    assert "Buckets" in client.list_buckets()
+
+
+def test_s3_whose_chosen_port_was_taken_starts_on_fresh_ports(monkeypatch):
+    holder = occupy(0)
+    taken = holder.getsockname()[1]
+    choices = first_choice_is(taken, monkeypatch)
     with holder, S3Server().start() as server:
         assert len(choices) == 2 and server.port == choices[1][0] != taken
-        client = boto3.client("s3", endpoint_url=server.endpoint_url, region_name="us-east-1",
-                              aws_access_key_id=server.access_key, aws_secret_access_key=server.secret_key)
-        assert "Buckets" in client.list_buckets()
+        assert_serves_s3(server)
 
 
 def test_s3_whose_port_a_passing_listener_held_starts_on_fresh_ports(monkeypatch):
     """Seen beside a parallel test pass: someone else listened on the S3 port for a moment. The port check
     connected to that listener, SeaweedFS exited as it could not bind the port, and the readiness probe then
     polled a closed port for its whole minute. The probe watches the process: the server moves at once."""
-    real, choices = localservices.free_ports, []
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     taken = listener.getsockname()[1]
-
-    def first_choice_listened_on(count: int, host: str = "127.0.0.1") -> list[int]:
-        ports = real(count, host)
-        if not choices:
-            ports[0] = taken
-        choices.append(ports)
-        return ports
-
+    choices = first_choice_is(taken, monkeypatch)
     real_ready = localservices.s3_wait_ready
 
     def listener_gone_before_the_probe(*args, process, **kwargs) -> None:
@@ -90,15 +92,12 @@ def test_s3_whose_port_a_passing_listener_held_starts_on_fresh_ports(monkeypatch
             listener.close()
         return real_ready(*args, process=process, **kwargs)
 
-    monkeypatch.setattr(localservices, "free_ports", first_choice_listened_on)
     monkeypatch.setattr(localservices, "s3_wait_ready", listener_gone_before_the_probe)
     started = time.monotonic()
     with S3Server().start() as server:
         assert len(choices) == 2 and server.port == choices[1][0] != taken
         assert time.monotonic() - started < 30, "moved when the server exited, not after the probe's minute"
-        client = boto3.client("s3", endpoint_url=server.endpoint_url, region_name="us-east-1",
-                              aws_access_key_id=server.access_key, aws_secret_access_key=server.secret_key)
-        assert "Buckets" in client.list_buckets()
+        assert_serves_s3(server)
 
 
 def test_a_server_that_keeps_dying_gives_up_after_a_bounded_number_of_attempts(monkeypatch):
