@@ -1,6 +1,6 @@
 """A hostile actor for the chaos suite: admitted (it holds the operator's admission secret and an actor's Redis
-credentials, as a compromised actor host would), it heartbeats as ready on the trainer's version claiming an
-absurd rate, and answers with forgeries only:
+credentials, as a compromised actor host would), it heartbeats as ready on the version the trainer dispatches
+on, claiming an absurd rate, and answers with forgeries only:
 
 * its own leases with results the lease could not have produced (token ids outside the vocabulary, more
   tokens than ``max_new_tokens``), signed with its own key;
@@ -11,6 +11,7 @@ It runs as a thread beside the cluster's real processes and counts what it sent.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import Counter
 
@@ -48,9 +49,14 @@ class HostileActor(threading.Thread):
             self.error = exc
 
     def _beat(self) -> None:
+        # Claim what makes an actor eligible for the next dispatch, whichever version it is on: active on the
+        # committed version, the one after it staged. The trainer's own version runs ahead of the versions it
+        # dispatches on (it publishes while a step generates): claiming it, the actor was excluded from every
+        # step of a loaded run and never got a lease to forge.
         trainer = self.plane.trainer_state()
-        version = trainer.version if trainer is not None else 0
-        self.member.heartbeat(self.plane, self.member.state(version, region=self.region, tokens_per_s=1e9))
+        committed = 0 if trainer is None else trainer.committed if trainer.committed >= 0 else trainer.version
+        state = self.member.state(committed, region=self.region, tokens_per_s=1e9)
+        self.member.heartbeat(self.plane, dataclasses.replace(state, staged_version=committed + 1))
 
     def _answer(self, holder: str, lease: Lease) -> None:
         if holder == self.member.actor_id:
