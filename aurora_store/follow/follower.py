@@ -232,7 +232,7 @@ class Follower:
         :class:`VersionNotFoundError` when no snapshot or delta chain reaches it."""
         return self._plan(cause, ceiling)[0]
 
-    def _plan(self, cause: str, ceiling: int | None = None) -> tuple[CatchUpPlan | None, bool]:
+    def _plan(self, cause: str, ceiling: int | None) -> tuple[CatchUpPlan | None, bool]:
         """:meth:`plan`, and whether it is a plan in the source bucket."""
         store = self.chain.store()
         try:

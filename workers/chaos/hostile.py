@@ -54,7 +54,9 @@ class HostileActor(threading.Thread):
         # dispatches on (it publishes while a step generates): claiming it, the actor was excluded from every
         # step of a loaded run and never got a lease to forge.
         trainer = self.plane.trainer_state()
-        committed = 0 if trainer is None else trainer.committed if trainer.committed >= 0 else trainer.version
+        committed = 0
+        if trainer is not None:
+            committed = trainer.committed if trainer.committed >= 0 else trainer.version
         state = self.member.state(committed, region=self.region, tokens_per_s=1e9)
         self.member.heartbeat(self.plane, dataclasses.replace(state, staged_version=committed + 1))
 
