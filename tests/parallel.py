@@ -1,4 +1,4 @@
-"""How ``make test-parallel`` spreads the suite over pytest-xdist workers.
+"""How ``make test`` spreads the suite over pytest-xdist workers.
 
 Most of the suite waits on real processes (trainers, actors, relays, servers starting, leases expiring), so a
 few workers share two cores well. Two rules decide what runs where:
@@ -12,7 +12,7 @@ few workers share two cores well. Two rules decide what runs where:
   JUnit XML report of a full run.
 
 Tests that judge time or throughput carry the ``serial`` marker and are not part of the parallel pass: ``make
-test-parallel`` runs them one at a time beside it, at a higher CPU priority than it (``scripts/run-tests``).
+test`` runs them one at a time beside it, at a higher CPU priority than it (``scripts/run-tests``).
 """
 
 from __future__ import annotations

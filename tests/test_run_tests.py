@@ -1,4 +1,4 @@
-"""``scripts/run-tests`` (``make test-parallel``), run on a small suite of its own: the timed tests (marked
+"""``scripts/run-tests`` (``make test``), run on a small suite of its own: the timed tests (marked
 ``serial``) at the caller's CPU priority, the rest on xdist workers at the lowest, both passes at the same time,
 a JUnit report each, and the exit status of whichever failed."""
 

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
 
 #: Scenarios whose invariants judge time (heterogeneous_actors: proportional allocation ≥ 25 % faster than a uniform
-#: split), so they run with the cores theirs when they want them (the timed pass of ``make test-parallel``).
+#: split), so they run with the cores theirs when they want them (the timed pass of ``make test``).
 TIMED = {"heterogeneous_actors"}
 
 
