@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import os
 import resource
+import time
 
 import pytest
 
 from workers import forkserver
 
-#: (this process tree's CPU seconds, the machine's busy seconds or None) at the start of a test's setup
-_START_KEY = pytest.StashKey[tuple[float, float | None]]()
+#: (this process tree's CPU seconds, the machine's busy seconds or None, Unix time) at the start of a test's setup
+_START_KEY = pytest.StashKey[tuple[float, float | None, float]]()
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -49,7 +50,7 @@ def _cpu_seconds() -> float:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    item.stash[_START_KEY] = (_cpu_seconds(), _machine_cpu_seconds())
+    item.stash[_START_KEY] = (_cpu_seconds(), _machine_cpu_seconds(), time.time())
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -58,7 +59,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = outcome.get_result()
     if call.when == "teardown" and _START_KEY in item.stash:
         # the JUnit writer copies a teardown report's user properties onto the test case
-        cpu_start, machine_start = item.stash[_START_KEY]
+        cpu_start, machine_start, started_at = item.stash[_START_KEY]
+        report.user_properties.append(("started_at", round(started_at, 2)))
+        report.user_properties.append(("worker", os.environ.get("PYTEST_XDIST_WORKER", "main")))
         report.user_properties.append(("cpu_s", round(_cpu_seconds() - cpu_start, 2)))
         machine = _machine_cpu_seconds()
         if machine is not None and machine_start is not None:

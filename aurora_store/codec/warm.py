@@ -10,6 +10,8 @@ weights uses a few more kernels, compiled on their first use.)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from aurora_store.codec.decoder import activate, stage
@@ -25,9 +27,13 @@ _TINY = {"model_type": "qwen3", "vocab_size": 64, "head_dim": 8, "hidden_size": 
          "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48, "tie_word_embeddings": True}
 
 
-def warm_kernels() -> None:
+def warm_kernels(threads: Sequence[int] = (1, 2)) -> None:
     """Compile (or load from the on-disk cache) the kernels of the host publish and follow paths, in this
-    process."""
+    process, running each path on each of ``threads`` thread counts. ``threads=(1,)`` compiles the same
+    kernels and starts no thread: what a process about to fork wants (a pool's threads would not exist in its
+    children)."""
+    if not threads or min(threads) < 1:
+        raise ValueError(f"threads must be thread counts of at least 1, not {tuple(threads)}")
     layout = ModelLayout.from_config(_TINY)
     generator = torch.Generator().manual_seed(0)
     old = {c.train_name: torch.randn(t.component_shape(c), generator=generator).to(torch.bfloat16)
@@ -36,12 +42,13 @@ def warm_kernels() -> None:
     new = {name: (bits.view(torch.int16) + (torch.arange(bits.numel()).reshape(bits.shape) % 7 == 0)
                   .to(torch.int16)).view(torch.bfloat16) for name, bits in old.items()}
     params = CodecParams(segment_bytes=4096)
-    before, after = digest_state(layout, old, threads=2), digest_state(layout, new, threads=1)
-    for threads in (1, 2):
-        encoder = DeltaEncoder(layout, params, encode_threads=threads)
+    before = digest_state(layout, old, threads=max(threads))
+    after = digest_state(layout, new, threads=min(threads))
+    for count in threads:
+        encoder = DeltaEncoder(layout, params, encode_threads=count)
         segments = list(encoder.segments(pieces_from_states(layout, old, new)))
         manifest = DeltaManifest(version=1, base_version=0, layout_fingerprint=layout.fingerprint, codec=params,
                                  segments=tuple(s.ref for s in segments), changed=dict(encoder.summary.changed),
                                  elements=layout.numel, base_weights_digest=str(before), weights_digest=str(after))
-        target = TensorTarget.from_state(layout, {k: v.clone() for k, v in old.items()}, version=0)
-        activate(stage(manifest, [(s.ref, s.data) for s in segments], target, threads=threads), target)
+        target = TensorTarget.from_state(layout, {k: v.clone() for k, v in old.items()}, version=0, digest=before)
+        activate(stage(manifest, [(s.ref, s.data) for s in segments], target, threads=count), target)

@@ -237,22 +237,35 @@ def test_map_ahead_raises_the_earliest_failure_and_never_leaves_a_task_running()
     assert running == 0
 
 
-def test_warm_kernels_compiles_the_publish_and_follow_paths():
+@pytest.mark.parametrize("threads", [(1, 2), (1,)])
+def test_warm_kernels_compiles_the_publish_and_follow_paths(threads):
     """What ``warm_kernels`` runs is what a publisher and a follower into host tensors call: in a fresh process,
     every kernel those paths enter has machine code afterwards (loaded from numba's cache, or compiled), and
-    none before."""
+    none before. On one thread (what a process about to fork asks for) it leaves no thread behind."""
     import subprocess
     import sys
 
     entries = ["changes", "delta_lanes", "leb128_gaps", "delta16_values", "range_lanes", "gap_indices_into",
                "delta16_gather_apply"]
-    probe = ("import json, sys\n"
+    probe = ("import json, sys, threading\n"
              "from aurora_store.codec import kernels\n"
              "from aurora_store.codec.warm import warm_kernels\n"
              f"names = {entries!r}\n"
              "before = [n for n in names if getattr(kernels, n).signatures]\n"
-             "warm_kernels()\n"
-             "print(json.dumps([before, [n for n in names if not getattr(kernels, n).signatures]]))\n")
+             f"warm_kernels(threads={threads!r})\n"
+             "print(json.dumps([before, [n for n in names if not getattr(kernels, n).signatures],"
+             " [t.name for t in threading.enumerate() if t is not threading.main_thread()]]))\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == [[], []]
+    before, missing, threads_left = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (before, missing) == ([], [])
+    if threads == (1,):
+        assert threads_left == []
+
+
+@pytest.mark.parametrize("threads", [(), (0,), (1, 0)])
+def test_warm_kernels_refuses_thread_counts_below_one(threads):
+    from aurora_store.codec.warm import warm_kernels
+
+    with pytest.raises(ValueError, match="thread counts"):
+        warm_kernels(threads=threads)
