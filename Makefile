@@ -63,12 +63,12 @@ $(SKY_STAMP): | $(STAMP)
 	$(VENV)/sky/bin/python -m pip install -q "skypilot==$(SKYPILOT_VERSION)"
 	@touch $@
 
-# The whole suite but the `long` tier (CI's command), in two passes at once (scripts/run-tests): the tests that
-# judge time or throughput (marked `serial`) one at a time at normal priority, the rest on TEST_WORKERS pytest-xdist
-# workers (a file per worker, the longest first: tests/parallel.py) in the idle CPU class, so the timed tests get
-# the cores whenever they want them: ~15 minutes on two cores. `make test-serial` runs the same tests one at a
-# time (~30 minutes). JUnit reports go to runs/test-reports/ (scripts/test-durations turns them into
-# tests/durations.json).
+# The whole suite but the `long` tier (CI's command), on pytest-xdist workers (scripts/run-tests): the tests that
+# judge time or throughput (marked `serial`) first, one at a time, on a worker of their own at normal priority;
+# the rest on TEST_WORKERS more workers (a file per unit, the longest first: tests/parallel.py) in the idle CPU
+# class, so the timed tests get the cores whenever they want them, and on the timed tests' worker once those are
+# done: ~14 minutes on two cores. `make test-serial` runs the same tests one at a time (~30 minutes). JUnit reports
+# go to runs/test-reports/ (scripts/test-durations turns them into tests/durations.json).
 TEST_WORKERS ?= 2
 REPORTS := runs/test-reports
 test: test-prerequisites

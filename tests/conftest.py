@@ -26,10 +26,9 @@ from aurora_store.testing.servers import (
     azurite_binary,
     environment,
 )
-from tests import parallel
 from workers.launch import start_from_template
 
-pytest_plugins = ["tests.cpu_time"]
+pytest_plugins = ["tests.cpu_time", "tests.parallel"]  # parallel: how `make test` spreads the suite
 
 # The operator's admission secret, for every trainer and actor a test starts (in-process or as a child).
 os.environ.setdefault("AURORA_ADMISSION_SECRET", secrets.token_urlsafe(24))
@@ -54,15 +53,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for fixture, marker in _SERVER_MARKERS.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(marker)
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike, so their collections stay identical
-        order = {nodeid: i for i, nodeid in enumerate(parallel.longest_first([i.nodeid for i in items],
-                                                                             parallel.recorded_durations()))}
-        items.sort(key=lambda item: order[item.nodeid])
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    return parallel.make_scheduler(config, log)
 
 
 @pytest.fixture(scope="session")

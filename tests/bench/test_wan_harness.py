@@ -31,7 +31,7 @@ from benchmarks.wan import (
 from benchmarks.wan.netns import list_netns, owner_pid, unsupported_reason
 from benchmarks.wan.probes import measure_datagram_loss, measure_rtt, measure_throughput
 
-# Rates, RTTs and loss are measured through a userspace forwarder: with the cores theirs (the timed pass), they
+# Rates, RTTs and loss are measured through a userspace forwarder: with the cores theirs (timed tests), they
 # are the link's.
 pytestmark = pytest.mark.serial
 

@@ -59,7 +59,7 @@ def plane(redis_url, monkeypatch) -> ControlPlane:
     return ControlPlane(redis_url, "relay-test")
 
 
-# Heartbeats against a 2 s TTL while each copy takes 2.5 s: it judges time (timed pass; ~1 of its ~45 s on a CPU).
+# Heartbeats against a 2 s TTL while each copy takes 2.5 s: it judges time (a timed test; ~1 of its ~45 s on a CPU).
 @pytest.mark.serial
 def test_a_relay_busy_with_slow_copies_stays_alive(s3_server, s3_bucket_url, redis_url, plane, tmp_path):
     slow = FaultRates(slow=1.0, slow_s=SLOW_S)
