@@ -35,6 +35,8 @@ class HostileActor(threading.Thread):
         self.stopped = threading.Event()
         self.error: BaseException | None = None
         self._cursors = {a: self.plane.latest_id(self.plane.keys.work(a)) for a in [actor_id, *victims]}
+        self._event_cursors = {region: "0"}
+        self._committed = -1  # nothing committed yet: the first dispatch is on version 0
 
     def run(self) -> None:
         try:
@@ -44,21 +46,26 @@ class HostileActor(threading.Thread):
                     for entry_id, lease in self.plane.read_work(actor_id, self._cursors[actor_id], block_ms=None):
                         self._cursors[actor_id] = entry_id
                         self._answer(actor_id, lease)
-                self.stopped.wait(0.2)
+                self.stopped.wait(0.05)
         except AuroraError as exc:  # reported by the scenario
             self.error = exc
 
     def _beat(self) -> None:
-        # Claim what makes an actor eligible for the next dispatch, whichever version it is on: active on the
-        # committed version, the one after it staged. The trainer's own version runs ahead of the versions it
-        # dispatches on (it publishes while a step generates): claiming it, the actor was excluded from every
-        # step of a loaded run and never got a lease to forge.
+        # Claim what makes an actor eligible for a dispatch (sched.allocation: active on its version, or on the
+        # one before with it staged): active on the version after the newest commit, the one after that staged.
+        # That covers the next dispatch and the one after it, so a beat that trails a dispatch (a loaded machine,
+        # ~0.25 s steps) still leaves it eligible. The newest commit comes from the region's event stream: the
+        # trainer's own state is announced once a step and trails its commit by one, and claiming that, the
+        # actor was excluded from every step of a loaded run and never got a lease to forge.
+        events, self._event_cursors = self.plane.read_event_batch(self._event_cursors, block_ms=None)
+        for _, _, event in events:
+            if event.kind == "commit":
+                self._committed = max(self._committed, event.version)
         trainer = self.plane.trainer_state()
-        committed = 0
         if trainer is not None:
-            committed = trainer.committed if trainer.committed >= 0 else trainer.version
-        state = self.member.state(committed, region=self.region, tokens_per_s=1e9)
-        self.member.heartbeat(self.plane, dataclasses.replace(state, staged_version=committed + 1))
+            self._committed = max(self._committed, trainer.committed)
+        state = self.member.state(self._committed + 1, region=self.region, tokens_per_s=1e9)
+        self.member.heartbeat(self.plane, dataclasses.replace(state, staged_version=self._committed + 2))
 
     def _answer(self, holder: str, lease: Lease) -> None:
         if holder == self.member.actor_id:
