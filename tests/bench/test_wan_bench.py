@@ -136,7 +136,7 @@ def test_cut_through_beats_store_and_forward_end_to_end(quick):
     stored = min(r["wan_copy"]["region_staged_s"] for r in overlap["runs"]["store_and_forward"])
     assert all(first is not None and first < stored for first in crossed), (crossed, stored)
     # The fanout (regional manifest → last actor staged) is mostly done before the manifest when the actors
-    # prefetched: quiet, 0.04 s against 0.29 s (0.14x). Beside the rest of `make test` the actors' staging, CPU
+    # prefetched: quiet, 0.04 s against 0.29 s (0.14x). Beside the rest of the parallel run the actors' staging, CPU
     # work on the remote region's one core, is slowed 2-7x at random (seen: 0.15 s against 0.46 s, and 0.28 s
     # against 0.25 s), so how much it saves is the full benchmark's to judge (fanout_vs_segment_transfer, below).
     # What makes it save is checked here: staging used the prefetched segments and read none again.
