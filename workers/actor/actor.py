@@ -42,6 +42,9 @@ from workers.engines import Engine, load_engine
 
 log = logging.getLogger("aurora.actor")
 
+#: How long a leaving actor waits for a heartbeat in flight before it deregisters.
+LEAVE_BEAT_WAIT_S = 2.0
+
 #: Wraps the engine the actor loads (benchmarks and tests emulate slower engines this way).
 EngineWrapper = Callable[[Engine], Engine]
 
@@ -68,6 +71,7 @@ class Actor:
         self.leaving = threading.Event()
         self.stopped = threading.Event()
         self.beat_now = threading.Event()  # state changed: tell the trainer now, not at the next tick
+        self._beat_lock = threading.Lock()  # a beat's check of ``stopped`` and its write, against the leave
         self.crashed: str | None = None  # a background loop died of an unexpected error: leave and exit non-zero
         self.status = "starting"
         self.downloaded_bytes = 0
@@ -156,7 +160,7 @@ class Actor:
         while not self.stopped.is_set():
             try:
                 self._update_gauges()
-                self.plane.heartbeat_actor(self.state(), self.credentials)
+                self._beat()
                 if self.watch.refresh():
                     with self.view.changed:
                         self.view.changed.notify_all()
@@ -164,6 +168,14 @@ class Actor:
                 log.warning("heartbeat failed", extra={"error": str(exc)})
             self.beat_now.wait(1.0)
             self.beat_now.clear()
+
+    def _beat(self) -> None:
+        """One heartbeat, unless the actor is leaving. Checked and written under the lock :meth:`_leave` takes
+        to set ``stopped``: a beat that landed after the deregistration would register the actor again, live
+        until its TTL ran out, and a trainer could grant it leases it would never run."""
+        with self._beat_lock:
+            if not self.stopped.is_set():
+                self.plane.heartbeat_actor(self.state(), self.credentials)
 
     # --- the main loop ---------------------------------------------------------------------------
 
@@ -266,7 +278,12 @@ class Actor:
     def _leave(self) -> None:
         """Graceful leave: hand back unfinished leases at once, deregister."""
         self.status = "leaving"
+        # After a beat in flight, not during it; bounded, so that a beat stuck on an unreachable Redis does not
+        # hold up the leave (the deregistration would not get through either).
+        waited = self._beat_lock.acquire(timeout=LEAVE_BEAT_WAIT_S)
         self.stopped.set()
+        if waited:
+            self._beat_lock.release()
         self.beat_now.set()
         try:
             returned = self.leases.return_pending()
