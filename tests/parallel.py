@@ -49,6 +49,9 @@ TIMED_WORKER = "gw0"
 
 _TIMED_LIST_KEY = "aurora_timed_nodeids"
 
+#: (Controller) the file the workers write the timed tests' node ids to.
+_TIMED_LIST_PATH = pytest.StashKey[Path]()
+
 
 def unit_of(nodeid: str) -> str:
     """The unit of work ``nodeid`` belongs to: its file, or itself in a :data:`SPREAD` file."""
@@ -118,14 +121,12 @@ def pytest_configure_node(node) -> None:
 
 
 def _timed_list_path(config: pytest.Config) -> Path:
-    path = getattr(config, "_aurora_timed_list", None)
-    if path is None:
+    if _TIMED_LIST_PATH not in config.stash:
         handle, name = tempfile.mkstemp(prefix="aurora-timed-", suffix=".json")
         os.close(handle)
-        path = Path(name)
-        config._aurora_timed_list = path  # type: ignore[attr-defined]
+        path = config.stash[_TIMED_LIST_PATH] = Path(name)
         config.add_cleanup(lambda: path.unlink(missing_ok=True))
-    return path
+    return config.stash[_TIMED_LIST_PATH]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
