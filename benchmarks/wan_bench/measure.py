@@ -353,8 +353,8 @@ def _overlap_once(env: WanEnv, cfg: BenchConfig, pub: Publishing, run: str, urls
                    "seconds": actor_staged[-1] - region_staged},
         "reads": reads, "cache_url": staged[0]["cache_url"],
         "prefetched_segments": sum(s["announced"] for s in staged), "segments": staged[0]["segments"],
-        "actors": [{"event_s": s["t_event"] - t0, "staged_s": s["t_staged"] - t0, "stage_s": s["stage_s"]}
-                   for s in staged],
+        "actors": [{"event_s": s["t_event"] - t0, "staged_s": s["t_staged"] - t0, "stage_s": s["stage_s"],
+                    "decoded_ahead": s["decoded_ahead"]} for s in staged],
         "publish": pub_doc,
     }
 
