@@ -8,7 +8,7 @@ VLLM_STAMP := $(VENV)/.aurora-vllm-installed
 # torch comes from the local CPU wheel on our machines (pip finds it); any matching release works elsewhere.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv vllm system-deps node-deps sky-venv demo demo-0.6b test test-parallel test-prerequisites lint-after-vllm warm-kernels test-long test-fast test-vllm lint bench chaos clean \
+.PHONY: venv vllm system-deps node-deps sky-venv demo demo-0.6b test test-serial test-prerequisites lint-after-vllm warm-kernels test-long test-fast test-vllm lint bench chaos clean \
   device-check device-wheels
 
 venv: $(STAMP)
@@ -63,21 +63,21 @@ $(SKY_STAMP): | $(STAMP)
 	$(VENV)/sky/bin/python -m pip install -q "skypilot==$(SKYPILOT_VERSION)"
 	@touch $@
 
-# The whole suite but the `long` tier (CI's command), one test at a time (~30 minutes on two cores). JUnit reports
-# go to runs/test-reports/ (scripts/test-durations turns them into tests/durations.json).
+# The whole suite but the `long` tier (CI's command) on pytest-xdist workers (scripts/run-tests): the tests that
+# judge time or throughput (marked `serial`) first, one at a time, on a worker of their own at normal priority; the
+# rest on TEST_WORKERS more workers (a file per unit, the longest first: tests/parallel.py) in the idle CPU class,
+# and on the timed tests' worker once those are done: ~14 minutes of pytest on two cores. One JUnit report goes to
+# runs/test-reports/tests.xml (scripts/test-durations turns it into tests/durations.json).
 TEST_WORKERS ?= 2
 REPORTS := runs/test-reports
 test: test-prerequisites
+	$(PY) scripts/run-tests --workers $(TEST_WORKERS) --reports $(REPORTS)
+
+# The same tests one at a time, in one process (~30 minutes on two cores): for a quiet machine's figures, or to
+# rule the workers out when a test misses.
+test-serial: test-prerequisites
 	@mkdir -p $(REPORTS)
 	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -p no:xdist -m "not long" --durations=30 --junitxml=$(REPORTS)/all.xml
-
-# The same tests on pytest-xdist workers (scripts/run-tests): the tests that judge time or throughput (marked
-# `serial`) first, one at a time, on a worker of their own at normal priority; the rest on TEST_WORKERS more
-# workers (a file per unit, the longest first: tests/parallel.py) in the idle CPU class, and on the timed tests'
-# worker once those are done: ~14 minutes on two cores. Not CI's command yet: beside the load, timing-sensitive
-# checks still miss now and then (the README's test section has the runs).
-test-parallel: test-prerequisites
-	$(PY) scripts/run-tests --workers $(TEST_WORKERS) --reports $(REPORTS)
 
 # What the suite needs, side by side once the venv exists: vLLM into the venv, then lint (mypy reads the installed
 # packages) and the kernels compiled; Debian's redis-server, Azurite and SkyPilot's venv meanwhile (~1 minute less in a
