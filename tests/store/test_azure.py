@@ -104,6 +104,6 @@ def test_the_history_is_read_by_pandas_through_the_same_fsspec_url(azure_bucket_
 @pytest.mark.redis
 def test_a_real_actor_follows_a_run_published_to_azure(azure_bucket_url, tmp_path):
     url = f"{azure_bucket_url}/run"  # the processes inherit AZURE_STORAGE_CONNECTION_STRING
-    run_and_check_every_version(tmp_path / "run", url, run="azure", steps=2, warm_start_steps=10,
+    run_and_check_every_version(tmp_path / "run", url, run="azure", steps=2,
                                 bucket_type=AzureBucket)
     assert open_bucket(url).list("deltas/")

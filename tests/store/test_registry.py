@@ -180,7 +180,7 @@ def test_another_process_finds_the_scheme_through_its_entry_point(tmp_path):
 @pytest.mark.redis
 def test_a_real_actor_follows_a_run_through_the_test_bucket(tmp_path):
     bucket_url = open_bucket(f"{SCHEME}://{tmp_path / 'bucket'}", create=True).url  # before the actor looks
-    run_and_check_every_version(tmp_path / "run", bucket_url, run="testfs", steps=3, warm_start_steps=30,
+    run_and_check_every_version(tmp_path / "run", bucket_url, run="testfs", steps=3,
                                 bucket_type=FlatDirBucket,
                                 env={"PYTHONPATH": pythonpath(install_entry_point(tmp_path / "site"))})
     assert any((tmp_path / "bucket" / "objects").glob("deltas%2F*"))
