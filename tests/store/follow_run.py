@@ -7,7 +7,6 @@ from pathlib import Path
 
 from workers.cluster import ClusterSpec, LocalCluster
 
-
 #: The trainer's own default. A GRPO step changes the weights only if some group's rewards differ; after 10
 #: supervised steps the built-in model solved ~3 % of its sums (35 of 40 groups of 4 all failed), so both steps of
 #: a 2-step run changed nothing about one run in eight (seen once). After 120, ~19 % (17 of 40 uniform): a step with
