@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from aurora_store.bus import ControlPlane, acl
+from aurora_store.bus import ActorState, ControlPlane, acl
 from aurora_store.errors import ServiceError
 from aurora_store.store import DeltaStore, open_bucket
 from aurora_store.testing.servers import RedisServer
@@ -152,6 +152,22 @@ class LocalCluster:
         if not required:
             return value
         raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}\n{self.diagnostics()}")
+
+    def wait_actors_on(self, version: int, timeout: float, actors: Iterable[str] | None = None
+                       ) -> dict[str, ActorState]:
+        """Wait until every actor in ``actors`` (default: every actor this cluster started) is live and active
+        on ``version``; returns every live actor's state, all from the one read of the actor set that showed it.
+        (Reading the set twice, once for the versions and once for the count, passed with an actor that
+        registered in between still on its bootstrap version.)"""
+        expected = set(self.actor_ids if actors is None else actors)
+
+        def settled() -> dict[str, ActorState] | None:
+            states = {actor_id: state for actor_id, (state, _) in self.plane.actors().items()}
+            on_version = all(actor_id in states and states[actor_id].active_version == version
+                             for actor_id in expected)
+            return states if on_version else None
+
+        return self.wait_for(settled, timeout, f"actors {sorted(expected)} active on v{version}")
 
     def wait_trainer_done(self, timeout: float) -> dict[str, Any]:
         trainer = self.trainer()

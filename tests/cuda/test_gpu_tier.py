@@ -79,8 +79,7 @@ def test_a_whole_run_with_trainer_and_torch_actors_on_the_gpu(tmp_path):
         summary = cluster.wait_trainer_done(timeout=300)
         final = summary["trainer_version"]
         assert final == 4
-        cluster.wait_for(lambda: all(s.active_version == final for s, _ in cluster.plane.actors().values()), 60,
-                         "actors on the final version")
+        cluster.wait_actors_on(final, 60)
         store = cluster.store()
         assert store.versions() == [1, 2, 3, 4]
     finally:

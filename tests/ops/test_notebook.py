@@ -40,8 +40,7 @@ def real_run(tmp_path_factory):
     with LocalCluster(spec) as cluster:
         summary = cluster.wait_trainer_done(timeout=240)
         final = summary["trainer_version"]
-        cluster.wait_for(lambda: {s.active_version for s, _ in cluster.plane.actors().values()} == {final}, 60,
-                         "actors on the final version")
+        cluster.wait_actors_on(final, 60)
         key = export_run_log(cluster.plane, cluster.store())
         yield {"cluster": cluster, "summary": summary, "export": key, "buckets": dict(cluster.buckets)}
 

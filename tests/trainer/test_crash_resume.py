@@ -50,11 +50,9 @@ def run(tmp_path_factory):
         cluster.start_trainer(["--steps", str(RESUMED_STEPS)])
         summary = cluster.wait_trainer_done(timeout=300)
         final = summary["trainer_version"]
-        cluster.wait_for(lambda: all(s.active_version == final for s, _ in cluster.plane.actors().values()),
-                         120, "the actor on the final version")
+        actors = cluster.wait_actors_on(final, 120)
         yield {"cluster": cluster, "store": store, "at_kill": at_kill, "checkpoint_step": checkpoint_step,
-               "files": files, "summary": summary, "log": cluster.plane.run_log(),
-               "actors": {a: s for a, (s, _) in cluster.plane.actors().items()}}
+               "files": files, "summary": summary, "log": cluster.plane.run_log(), "actors": actors}
 
 
 def test_the_restart_resumes_from_the_last_checkpoint_on_the_latest_published_version(run):

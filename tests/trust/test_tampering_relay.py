@@ -86,8 +86,7 @@ def test_forged_deltas_are_refused_and_the_run_continues_from_the_source(tmp_pat
         cluster.connect()
         summary = cluster.wait_trainer_done(300)
         final = summary["trainer_version"]
-        cluster.wait_for(lambda: all(s.active_version == final for s, _ in cluster.plane.actors().values())
-                         and len(cluster.plane.actors()) == 3, 60, "actors on the final version")
+        cluster.wait_actors_on(final, 60)
         log = cluster.plane.run_log()
         relay.stopping.set()
         thread.join(timeout=10)

@@ -33,9 +33,7 @@ def vllm_run(tmp_path_factory):
         cluster.start_actor("eu-west-1", "eu-west", ["--engine", "torch"])
         summary = cluster.wait_trainer_done(timeout=900)
         final = summary["trainer_version"]
-        cluster.wait_for(lambda: all(s.active_version == final for s, _ in cluster.plane.actors().values())
-                         and len(cluster.plane.actors()) == 2, 180, "vLLM actors on the final version")
-        actors = {a: s for a, (s, _) in cluster.plane.actors().items()}
+        actors = cluster.wait_actors_on(final, 180)
         data = {"cluster": cluster, "summary": summary, "actors": actors, "log": cluster.plane.run_log()}
         cluster.group.stop_all()
         data["exit_codes"] = {n: p.process.returncode for n, p in cluster.group.processes.items()}

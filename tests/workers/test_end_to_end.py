@@ -92,11 +92,9 @@ def run(tmp_path_factory):
     try:
         summary = cluster.wait_trainer_done(timeout=400)
         final = summary["trainer_version"]
-        cluster.wait_for(lambda: all(s.active_version == final for s, _ in cluster.plane.actors().values()
-                                     if s.actor_id != "rogue"), 60, "actors on the final version")
+        actors = cluster.wait_actors_on(final, 60)  # the cluster's actors; the rogue is not one of them
         data = {
-            "cluster": cluster, "summary": summary, "rogue": rogue,
-            "actors": {a: s for a, (s, _) in cluster.plane.actors().items()},
+            "cluster": cluster, "summary": summary, "rogue": rogue, "actors": actors,
             "relay": settled_relay(cluster.plane, "eu-west", final), "log": cluster.plane.run_log(),
         }
         cluster.group.stop_all()

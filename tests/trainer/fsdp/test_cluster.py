@@ -31,10 +31,9 @@ def run(tmp_path_factory):
         cluster.start_trainer(["--steps", str(STEPS)])  # both ranks resume from their checkpoint shards
         summary = cluster.wait_trainer_done(timeout=150)
         final = summary["trainer_version"]
-        cluster.wait_for(lambda: all(s.active_version == final for s, _ in cluster.plane.actors().values())
-                         and len(cluster.plane.actors()) == 2, 60, "actors on the final version")
+        actors = cluster.wait_actors_on(final, 60)
         yield {"cluster": cluster, "first": first, "summary": summary, "log": cluster.plane.run_log(),
-               "actors": {a: s for a, (s, _) in cluster.plane.actors().items()}}
+               "actors": actors}
 
 
 def test_actors_end_on_the_trainers_final_digest(run):
