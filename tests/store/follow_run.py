@@ -26,8 +26,7 @@ def run_and_check_every_version(run_dir: Path, bucket_url: str, *, run: str, ste
     with LocalCluster(spec) as cluster:  # the children inherit the parent's environment (credentials)
         summary = cluster.wait_trainer_done(timeout=240)
         final = summary["trainer_version"]
-        state = cluster.wait_for(lambda: next((s for s, _ in cluster.plane.actors().values()
-                                               if s.active_version == final), None), 60, f"the actor on v{final}")
+        state = cluster.wait_actors_on(final, 60)[cluster.actor_ids[0]]
 
         def log_has_final() -> list[dict[str, str]] | None:
             # The actor's state can show a version before its run-log event is written (a heartbeat between

@@ -38,10 +38,8 @@ def moe_run(tmp_path_factory):
         cluster.start_actor("eu-west-2", "eu-west", ["--engine", "torch"])
         summary = cluster.wait_trainer_done(timeout=900)
         final = summary["trainer_version"]
-        cluster.wait_for(lambda: {a: s.active_version for a, (s, _) in cluster.plane.actors().items()}
-                         == dict.fromkeys(ACTORS, final), 240, "both actors on the final version")
-        data = {"cluster": cluster, "summary": summary, "log": cluster.plane.run_log(),
-                "actors": {a: s for a, (s, _) in cluster.plane.actors().items()}}
+        actors = cluster.wait_actors_on(final, 240)
+        data = {"cluster": cluster, "summary": summary, "log": cluster.plane.run_log(), "actors": actors}
         cluster.group.stop_all()
         data["exit_codes"] = {n: p.process.returncode for n, p in cluster.group.processes.items()}
         yield data
