@@ -227,7 +227,13 @@ def test_calibration_cli_prints_one_json_object():
                 "loss_target", "loss_observed", "cc"):
         assert key in result
     assert result["cc"] == "cubic" and result["loss_observed"] == 0
-    assert 40 <= result["rate_mbit_achieved_1stream"] <= 60
+    assert result["rate_mbit_target"] == 50 and result["streams"] == 2
+    # The CLI reports what the link delivered in one 1.5 s window per stream count. How close that comes to the
+    # target is test_rate_is_within_20_percent_of_target's to judge (best of three, both directions): a single
+    # window beside a loaded test pass once came out at 33.8. Here the figures must be goodput of the shaped link:
+    # never above its rate, and not off by a unit (bits for bytes: 8x).
+    for key in ("rate_mbit_achieved_1stream", "rate_mbit_achieved_nstreams"):
+        assert 50 / 4 <= result[key] <= 60, (key, result)
     assert 15 <= result["rtt_ms"] <= 25
 
 
