@@ -8,7 +8,7 @@ VLLM_STAMP := $(VENV)/.aurora-vllm-installed
 # torch comes from the local CPU wheel on our machines (pip finds it); any matching release works elsewhere.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv vllm system-deps node-deps sky-venv demo demo-0.6b test test-serial test-prerequisites lint-after-vllm warm-kernels test-long test-fast test-vllm lint bench chaos clean \
+.PHONY: venv vllm system-deps node-deps sky-venv demo demo-0.6b test test-serial test-prerequisites lint-after-vllm warm-kernels warm-vllm-registry test-long test-fast test-vllm lint bench chaos clean \
   device-check device-wheels
 
 venv: $(STAMP)
@@ -82,16 +82,22 @@ test-serial: test-prerequisites
 	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -p no:xdist -m "not long" --durations=30 --junitxml=$(REPORTS)/all.xml
 
 # What the suite needs, side by side once the venv exists: vLLM into the venv, then lint (mypy reads the installed
-# packages) and the kernels compiled; Debian's redis-server, Azurite and SkyPilot's venv meanwhile (~1 minute less in a
-# fresh clone).
+# packages), the kernels compiled and vLLM's model-info cache filled; Debian's redis-server, Azurite and SkyPilot's
+# venv meanwhile (~1 minute less in a fresh clone).
 test-prerequisites: $(STAMP)
-	@$(MAKE) --no-print-directory -j4 $(VLLM_STAMP) system-deps node-deps sky-venv lint-after-vllm warm-kernels
+	@$(MAKE) --no-print-directory -j4 $(VLLM_STAMP) system-deps node-deps sky-venv lint-after-vllm warm-kernels \
+	  warm-vllm-registry
 
 # The codec's kernels compiled into numba's on-disk cache once, beside lint (vLLM's install may change numba), so
 # that no test process compiles them: in a fresh clone the suite's first processes would each compile them, at
 # once, 5-7 CPU-s apiece.
 warm-kernels: $(VLLM_STAMP)
 	$(PY) -c "from aurora_store.codec.warm import warm_kernels; warm_kernels()"
+
+# vLLM inspects each model architecture once per machine, in a subprocess of ~9 CPU-s, and caches the answer; on a
+# fresh machine (CI's) the suite's tests paid that for ~11 architectures. One process inspects them all in ~10 s.
+warm-vllm-registry: $(VLLM_STAMP)
+	$(PY) -m tests.vllm.warm_registry
 
 lint-after-vllm: $(VLLM_STAMP)
 	@$(MAKE) --no-print-directory lint
