@@ -66,7 +66,7 @@ $(SKY_STAMP): | $(STAMP)
 # The whole suite but the `long` tier (CI's command) on pytest-xdist workers (scripts/run-tests): the tests that
 # judge time or throughput (marked `serial`) first, one at a time, on a worker of their own at normal priority; the
 # rest on TEST_WORKERS more workers (a file per unit, the longest first: tests/parallel.py) in the idle CPU class,
-# and on the timed tests' worker once those are done: ~14 minutes of pytest on two cores. One JUnit report goes to
+# and on the timed tests' worker once those are done: ~12 minutes of pytest on two cores. One JUnit report goes to
 # runs/test-reports/tests.xml (scripts/test-durations turns it into tests/durations.json).
 # Three, on two cores: the untimed tests often wait (an engine starting, a lease running out), and with two of
 # them both waiting the cores idled (1.4-1.6 busy for minutes); with three the machine stays ~1.95 busy.
