@@ -264,17 +264,14 @@ def test_warm_kernels_compiles_the_publish_and_follow_paths(threads):
 
 
 _AFTER_WARM = """
-import json, numba, torch
-from aurora_store.codec import kernels
+import json, numba
+from aurora_store.codec import activate, digest_state, kernels, stage
 from aurora_store.codec.ahead import AheadStager
-from aurora_store.codec.decoder import activate, stage
-from aurora_store.codec.digest import digest_state
-from aurora_store.codec.encoder import DeltaEncoder, pieces_from_states
 from aurora_store.codec.layout import ModelLayout
-from aurora_store.codec.manifest import DeltaManifest, SegmentRef
+from aurora_store.codec.manifest import SegmentRef
 from aurora_store.codec.params import CodecParams
-from aurora_store.codec.target import TensorTarget
 from aurora_store.codec.warm import warm_kernels
+from aurora_store.testing.builders import encode, perturb, random_state, target_for
 
 def signatures():
     return {name: sorted(map(str, f.signatures)) for name, f in vars(kernels).items()
@@ -285,26 +282,19 @@ warmed = signatures()
 # another family and shape than the warm-up's, a tenth of the elements changed, default segments
 layout = ModelLayout.from_config({"model_type": "llama", "vocab_size": 96, "hidden_size": 64, "num_hidden_layers": 2,
                                   "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 80})
-old = {c.train_name: torch.randn(t.component_shape(c)).to(torch.bfloat16) for t in layout.tensors for c in t.components}
-new = {k: torch.where(torch.rand(v.shape) < 0.1, v * 1.5, v) for k, v in old.items()}
-params = CodecParams()
-before, after = digest_state(layout, old), digest_state(layout, new)
-encoder = DeltaEncoder(layout, params, encode_threads=2)
-segments = list(encoder.segments(pieces_from_states(layout, old, new)))
-manifest = DeltaManifest(version=1, base_version=0, layout_fingerprint=layout.fingerprint, codec=params,
-                         segments=tuple(s.ref for s in segments), changed=dict(encoder.summary.changed),
-                         elements=layout.numel, base_weights_digest=str(before), weights_digest=str(after))
+old = random_state(layout, seed=1)
+manifest, segments = encode(layout, old, perturb(old, 0.1, seed=2), 1, 0, digest_state(layout, old), CodecParams())
 for ahead in (False, True):
-    target = TensorTarget.from_state(layout, {k: v.clone() for k, v in old.items()}, version=0, digest=before)
+    target = target_for(layout, old, 0)
     if ahead:
-        stager = AheadStager(target, params)
+        stager = AheadStager(target, manifest.codec)
         for s in segments:
             stager.add(SegmentRef(s.ref.digest, s.ref.size, ()), s.data)
         staged = stager.finish(manifest)
     else:
         staged = stage(manifest, [(s.ref, s.data) for s in segments], target, threads=2)
     activate(staged, target)
-    assert str(target.digest) == str(after)
+    assert str(target.digest) == manifest.weights_digest
 used = signatures()
 print(json.dumps({name: sorted(set(sigs) - set(warmed.get(name, []))) for name, sigs in used.items()
                   if set(sigs) - set(warmed.get(name, []))}))
