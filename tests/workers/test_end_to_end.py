@@ -173,8 +173,12 @@ def test_wrong_results_are_rejected_counted_and_their_prompts_redone(run):
     # every prompt of every step was accepted exactly once, rogue or not
     assert summary["rollouts_accepted"] == STEPS * BATCH
     settles = [e for e in run["log"] if e["kind"] == "settle"]
-    assert sum(int(e["accepted"]) for e in settles) == STEPS * BATCH
-    assert sum(1 - int(e["accepted"]) for e in settles) == summary["rollouts_rejected"]
+    # A result accepted on arrival can be taken back by a later check (the logprob check: an honest actor's
+    # statistic once came out at 0.152 against 0.1 beside a loaded test pass); its prompt is leased again and
+    # settled a second time, and the take-back counts as a rejection.
+    taken_back = [e for e in run["log"] if e["kind"] == "take_back"]
+    assert sum(int(e["accepted"]) for e in settles) - len(taken_back) == STEPS * BATCH
+    assert sum(1 - int(e["accepted"]) for e in settles) + len(taken_back) == summary["rollouts_rejected"]
 
 
 def test_the_relay_copies_each_version_across_regions_once(run):
