@@ -19,6 +19,7 @@ import sys
 import threading
 from dataclasses import dataclass, fields
 
+from aurora_store.testing.children import keep_priority_in_session
 from benchmarks.wan.errors import ForwarderError
 from benchmarks.wan.ipcmd import ip, run_cmd, tc
 from benchmarks.wan.spec import LinkSpec, Shape
@@ -82,6 +83,8 @@ class ForwarderLink:
         self.proc: subprocess.Popen[str] | None = None
         self._lock = threading.Lock()
         self._overrun_base = (0, 0)
+        self.scheduling = ""
+        """The forwarder's CPU scheduling class once started: ``realtime``, ``normal`` or ``inherited``."""
 
     def start(self, timeout: float = 15.0) -> None:
         """Spawn the forwarder and wait until both TUN devices exist."""
@@ -94,10 +97,12 @@ class ForwarderLink:
         ]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, bufsize=1, start_new_session=True)
-        line = self._readline(timeout)
-        if line.strip() != "ready":
+        keep_priority_in_session(self.proc.pid)
+        word, _, scheduling = self._readline(timeout).strip().partition(" ")
+        if word != "ready":
             err = self._stop_and_collect()
-            raise ForwarderError(f"forwarder for {self.remote_ns} did not start: {line.strip()} {err}".strip())
+            raise ForwarderError(f"forwarder for {self.remote_ns} did not start: {word} {scheduling} {err}".strip())
+        self.scheduling = scheduling
 
     @property
     def pid(self) -> int | None:

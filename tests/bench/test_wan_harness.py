@@ -161,6 +161,26 @@ def test_rate_is_within_20_percent_of_target(topo, region):
 
 
 @needs_netns
+def test_a_forwarder_runs_above_the_endpoints_unless_its_starter_runs_lowered(topo):
+    link = topo.link("shaped")
+    assert link.scheduling == "realtime" and os.sched_getscheduler(link.pid) == os.SCHED_RR
+    # a link that a lowered process (a background test worker) starts must not preempt the foreground
+    code = textwrap.dedent("""
+        import json, os
+        from benchmarks.wan import LinkSpec, Topology
+        with Topology({"x": LinkSpec.symmetric(rtt_ms=10)}) as t:
+            link = t.link("x")
+            group = f"/proc/{link.pid}/autogroup"  # absent where the kernel has no autogroups
+            nice = open(group).read().split()[-1] if os.path.exists(group) else "19"
+            print(json.dumps([link.scheduling, os.sched_getscheduler(link.pid), nice]))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         preexec_fn=lambda: os.setpriority(os.PRIO_PROCESS, 0, 19), check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout) == ["inherited", os.SCHED_OTHER, "19"]
+
+
+@needs_netns
 def test_rtt_is_within_10ms_of_target(topo):
     rtt = measure_rtt(topo, "far", "home", samples=10)
     assert 40 <= rtt <= 60
