@@ -136,9 +136,7 @@ device-check:
 	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) scripts/device-check
 
 # Exactly the wheels the device image lacks (scripts/device-wheels.txt), for its Python 3.12 / manylinux x86_64,
-# into the ignored .whl/ (carried to the GPU machine, which cannot reach a registry).
-DEVICE_PLATFORMS := manylinux2014_x86_64 manylinux_2_28_x86_64 manylinux_2_34_x86_64
+# into the ignored .whl/ (carried to the GPU machine, which cannot reach a registry), LZMA-repacked to fit what
+# may be carried (scripts/device-wheels says how).
 device-wheels:
-	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-	  --implementation cp $(addprefix --platform ,$(DEVICE_PLATFORMS)) -d .whl -r scripts/device-wheels.txt
-	@ls .whl
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) scripts/device-wheels

@@ -78,13 +78,32 @@ def test_the_wheel_list_names_exactly_what_the_check_imports(smoke):
 
 
 def test_a_missing_package_stops_the_check_at_the_environment_line(tmp_path):
-    tree = link_tree(tmp_path / "bare", closure(DEVICE_IMAGE))  # the device image without the wheels
+    image = closure(DEVICE_IMAGE)
+    tree = link_tree(tmp_path / "bare", image)  # the device image without the wheels
     proc = check(tree, tmp_path / "out", "--smoke", timeout=120)
     assert proc.returncode == 2
     (line,) = lines_of(proc)
     assert line["part"] == "environment" and line["ok"] is False
-    assert line["missing"] == listed()
+    # a listed wheel that replaces one of the image's own (NumPy) is there, if at another version
+    assert line["missing"] == [p for p in listed() if p not in image] and line["missing"]
     assert f"Python {line['python']}" in line["error"] and f"torch {line['torch']}" in line["error"]
+
+
+def test_a_listed_package_that_will_not_import_stops_the_check_at_the_environment_line(device_tree, tmp_path):
+    # as numba did on the first device run, refusing the image's NumPy: found, but unusable
+    shadow = tmp_path / "shadow" / "numba"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text('raise ImportError("Numba needs NumPy 2.4 or less. Got NumPy 2.5.")\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env.update(PYTHONPATH=os.pathsep.join([str(shadow.parent), str(device_tree), str(ROOT)]),
+               OUT=str(tmp_path / "out"))
+    proc = subprocess.run([sys.executable, "-S", str(SCRIPT), "--smoke"], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=ROOT)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (line,) = lines_of(proc)
+    assert line["ok"] is False and "missing" not in line
+    assert line["unusable"] == {"numba": "ImportError: Numba needs NumPy 2.4 or less. Got NumPy 2.5."}
+    assert "numba will not import" in line["error"] and "device-wheels" in line["error"]
 
 
 def test_a_part_over_its_budget_is_reported_and_skipped(device_tree, tmp_path):
