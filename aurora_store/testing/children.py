@@ -20,7 +20,6 @@ weight. :func:`keep_priority_in_session` gives the new session its starter's ``n
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -28,11 +27,14 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
 PARENT_DEATH_SIGNAL = signal.SIGTERM
+AUTOGROUP_TRIES = 4
+AUTOGROUP_RETRY_S = 0.11
 
 
 def _prctl() -> Callable[..., int] | None:
@@ -65,8 +67,15 @@ def keep_priority_in_session(leader: int) -> None:
     nice = os.getpriority(os.PRIO_PROCESS, 0)
     if nice <= 0:
         return
-    with contextlib.suppress(OSError), open(f"/proc/{leader}/autogroup", "w") as group:
-        group.write(str(nice))
+    for _ in range(AUTOGROUP_TRIES):
+        try:
+            with open(f"/proc/{leader}/autogroup", "w") as group:
+                group.write(str(nice))
+            return
+        except BlockingIOError:  # EAGAIN: the kernel allows one change in 100 ms but to CAP_SYS_ADMIN
+            time.sleep(AUTOGROUP_RETRY_S)
+        except OSError:  # no autogroups, or the session already gone
+            return
 
 
 def popen(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:

@@ -214,6 +214,22 @@ class _Server:
                 self.process.wait(timeout=5)
         self.process = None
 
+    #: The file in :attr:`workdir` the server logs to ("" when it logs nowhere there).
+    log_name = ""
+
+    def check_serving(self) -> None:
+        """Raise :class:`ServerExitedError` with the exit status and the end of the server's log if its process
+        has exited: a server gone mid-session otherwise shows only as refused connections, and its log is
+        removed with its directory when the session ends."""
+        if self.process is None or self.process.poll() is None:
+            return
+        tail = ""
+        if self.log_name:
+            with contextlib.suppress(OSError):
+                tail = "\n".join((self.workdir / self.log_name).read_text(errors="replace").splitlines()[-40:])
+        raise ServerExitedError(f"{type(self).__name__} (pid {self.process.pid}) exited with code "
+                                f"{self.process.returncode} while in use; the end of its log:\n{tail}")
+
     def stop(self) -> None:
         self._terminate()
         if getattr(self, "_own_workdir", False):
@@ -357,6 +373,7 @@ class S3Server(_Server):
     secret_key: str = S3_SECRET_KEY
     data_dir: str | None = None
     launcher: list[str] | None = None  # argv prefix, e.g. ["ip", "netns", "exec", NS]
+    log_name = "weed.log"
 
     def __post_init__(self) -> None:
         self._own_workdir = self.data_dir is None
@@ -402,7 +419,7 @@ class S3Server(_Server):
                 f"-filer.port={filer}", f"-filer.port.grpc={filer + 10000}",
                 f"-volume.port={volume}", f"-volume.port.grpc={volume + 10000}",
                 "-admin.ui=false", "-webdav=false", "-master.telemetry=false"]
-        with open(self.workdir / "weed.log", "ab") as log:
+        with open(self.workdir / self.log_name, "ab") as log:
             self.process = self._popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
         self._wait_for_port(s3, timeout)
         self._call("s3_wait_ready", self.endpoint_url, self.access_key, self.secret_key, timeout,
@@ -413,7 +430,11 @@ class S3Server(_Server):
         return _s3_client(self.endpoint_url, self.access_key, self.secret_key)
 
     def create_bucket(self, name: str) -> None:
-        self._call("s3_create_bucket", self.endpoint_url, self.access_key, self.secret_key, name, timeout=40.0)
+        try:
+            self._call("s3_create_bucket", self.endpoint_url, self.access_key, self.secret_key, name, timeout=40.0)
+        except Exception:
+            self.check_serving()  # a server that has gone says how, with its log
+            raise
 
 
 def _s3_client(endpoint_url: str, access_key: str, secret_key: str, config: Any = None):

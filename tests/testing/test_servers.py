@@ -115,3 +115,17 @@ def test_a_server_that_keeps_dying_gives_up_after_a_bounded_number_of_attempts(m
         server.start()
     assert len(chosen) == localservices.START_ATTEMPTS and server.process is None
     server.stop()
+
+
+def test_an_s3_server_gone_mid_session_says_how_with_its_log():
+    server = S3Server().start()
+    try:
+        server.create_bucket("before")
+        server.process.kill()
+        server.process.wait(10)
+        with pytest.raises(ServerExitedError, match="exited with code -9 while in use") as caught:
+            server.create_bucket("after")
+        assert "SeaweedFS" in str(caught.value)  # the end of weed's own log comes with it
+        assert isinstance(caught.value, ServiceError)
+    finally:
+        server.stop()
