@@ -16,10 +16,10 @@ With ``--timed-first`` (``scripts/run-tests`` passes it), one worker, :data:`TIM
 tests that judge time or throughput (marked ``serial``): it runs them one at a time, first, at the caller's
 CPU priority, and only then takes the rest's units like any worker. Every other worker runs at the lowest
 priority (``nice 19`` in the idle scheduling class, inherited by every server, engine and cluster process it
-starts; those in sessions of their own get the nice by ``children.keep_priority_in_session``, as autogroups
-would otherwise put each at full weight), so a timed test that wakes gets a core at once and measures what a
-quiet machine would. Once the timed tests are done, the timed worker's core goes to the rest: no core waits
-while one worker finishes a queue.
+starts; but those in sessions of their own are, with autogroups, CPU groups of their own at full weight: the
+README says why they stay so), so a timed test that wakes goes ahead of the workers themselves. Once the
+timed tests are done, the timed worker's core goes to the rest: no core waits while one worker finishes a
+queue.
 
 The controller schedules but does not collect, so it cannot read markers: each worker writes the node ids of
 the timed tests it collected to a file the controller named (:func:`pytest_configure_node`), and the scheduler

@@ -254,7 +254,6 @@ def _become_child(request: dict[str, Any], libc: ctypes.CDLL, template: int, tol
     """In the forked child: a session of its own, the parent-death signal, the log on fds 1 and 2, the
     requested directory and environment, fresh random state: what ``python -m`` would have started with."""
     os.setsid()
-    children.keep_priority_in_session(os.getpid())
     libc.prctl(_PR_SET_NAME, ctypes.c_char_p(request["module"].encode()[-15:]))
     libc.prctl(_PR_SET_PDEATHSIG, int(children.PARENT_DEATH_SIGNAL))
     if os.getppid() != template:  # the template died before the signal was armed

@@ -19,7 +19,6 @@ import sys
 import threading
 from dataclasses import dataclass, fields
 
-from aurora_store.testing.children import keep_priority_in_session
 from benchmarks.wan.errors import ForwarderError
 from benchmarks.wan.ipcmd import ip, run_cmd, tc
 from benchmarks.wan.spec import LinkSpec, Shape
@@ -97,7 +96,6 @@ class ForwarderLink:
         ]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, bufsize=1, start_new_session=True)
-        keep_priority_in_session(self.proc.pid)
         word, _, scheduling = self._readline(timeout).strip().partition(" ")
         if word != "ready":
             err = self._stop_and_collect()

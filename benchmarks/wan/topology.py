@@ -24,7 +24,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType, TracebackType
 
-from aurora_store.testing.children import keep_priority_in_session
 from benchmarks.wan.congestion import DEFAULT_CC, route_options
 from benchmarks.wan.errors import WanError
 from benchmarks.wan.ipcmd import ip_batch, require_root
@@ -277,15 +276,12 @@ class Topology:
         """Start a process inside ``region``; it is killed (with its process group) at teardown.
 
         ``env`` is the complete environment (``None`` = inherit). Other keyword arguments go to
-        :class:`subprocess.Popen`; ``start_new_session`` defaults to True so teardown can kill the group (the
-        new session keeps this process's CPU priority: :func:`~aurora_store.testing.children.keep_priority_in_session`).
+        :class:`subprocess.Popen`; ``start_new_session`` defaults to True so teardown can kill the group.
         """
         self._check_open()
         kwargs.setdefault("start_new_session", True)
         proc = subprocess.Popen(self.command(region, argv), env=dict(env) if env is not None else None,
                                 **kwargs)  # type: ignore[call-overload]
-        if kwargs["start_new_session"]:
-            keep_priority_in_session(proc.pid)
         self._procs.append(proc)
         return proc
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from aurora_store.testing.children import keep_priority_in_session
 from benchmarks.wan.netns import cleanup_stale, list_netns, run_prefix
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,7 +71,6 @@ def run_wan_benchmark(out: Path, args: list[str], timeout_s: float) -> dict[str,
     with open(stdout, "wb") as so, open(stderr, "wb") as se:
         proc = subprocess.Popen([sys.executable, "-m", "benchmarks", "wan", *args, "--json", "--out", str(out)],
                                 cwd=REPO, stdout=so, stderr=se, start_new_session=True)
-        keep_priority_in_session(proc.pid)
     prefix = run_prefix(proc.pid)
     try:
         proc.wait(timeout_s)
