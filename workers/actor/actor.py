@@ -286,11 +286,15 @@ class Actor:
             self._beat_lock.release()
         self.beat_now.set()
         try:
-            returned = self.leases.return_pending()
+            # Deregistered before anything is handed back: the trainer re-grants returned leases to whoever has the
+            # least outstanding work, and a leaver that has just returned all of its own is first in line. Returned
+            # first, a lease could go straight back to us and expire (seen under load: one of five, in a run
+            # whose trainer took the returns back before the deregistration). Returns are accepted from a
+            # deregistered actor: each lease keeps the key it was granted under.
             self.plane.deregister_actor(self.actor_id, self.config.region)
+            returned = self.leases.return_pending()
             # A dispatch that read our state just before we deregistered may still have granted us leases:
-            # collect them too (returns are accepted from a deregistered actor: each lease keeps the key it was
-            # granted under).
+            # collect them too.
             returned += self.leases.return_pending()
             self.plane.log_event("actor_leave", actor=self.actor_id, returned=returned)
             log.info("left", extra={"returned": returned})
