@@ -497,6 +497,7 @@ class GCSServer(_Server):
     ``tests/store/test_conformance.py::TestGCSBucket``). No launcher support: nothing needs it yet.
     """
 
+    log_name = "emulator.log"
     host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
@@ -509,7 +510,7 @@ class GCSServer(_Server):
     @property
     def log_file(self) -> Path:
         """The emulator's log: one line per request, query string included."""
-        return self.workdir / "emulator.log"
+        return self.workdir / self.log_name
 
     def env(self) -> dict[str, str]:
         """Environment for clients: gcsfs and google-cloud-storage both honour ``STORAGE_EMULATOR_HOST``."""
@@ -579,6 +580,8 @@ class AzuriteServer(_Server):
     than this Azurite knows; the calls Aurora makes exist in both. No launcher support: nothing needs it yet.
     """
 
+    log_name = "azurite.log"
+
     host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
@@ -611,7 +614,7 @@ class AzuriteServer(_Server):
     def _launch(self, timeout: float) -> None:
         args = [azurite_binary(), "--blobHost", self.host, "--blobPort", str(self.port), "--inMemoryPersistence",
                 "--extentMemoryLimit", "512", "--skipApiVersionCheck", "--disableTelemetry", "--silent"]
-        with open(self.workdir / "azurite.log", "ab") as log:
+        with open(self.workdir / self.log_name, "ab") as log:
             self.process = self._popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
         self._wait_for_port(self.port, timeout)
 
