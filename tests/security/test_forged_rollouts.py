@@ -12,6 +12,7 @@ rejected instead of raising.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from pathlib import Path
@@ -64,6 +65,13 @@ def test_a_forged_rollout_is_never_trained_on_and_the_run_completes(hostile_run)
     # ... and no honest one was (no false rejection in this run).
     assert not [k for k in taken_back if k[0] == "home-1"]
     assert {e["reason"] for e in log if e["kind"] == "take_back"} == {"logprobs"}
+    # Each take-back names its worst sample's furthest tokens: claims far from what the weights give.
+    for event in (e for e in log if e["kind"] == "take_back"):
+        evidence = json.loads(event["evidence"])
+        assert 1 <= len(evidence) <= min(int(event["length"]), 8), event
+        gaps = [abs(claimed - recomputed) for _, _, claimed, recomputed in evidence]
+        assert gaps == sorted(gaps, reverse=True) and gaps[0] >= float(event["statistic"]), event
+        assert all(0 <= position < int(event["length"]) for position, *_ in evidence), event
     # every step trained on a full batch: the honest actor redid the forged prompts
     steps = [e for e in log if e["kind"] == "step"]
     assert len(steps) == STEPS
@@ -122,6 +130,32 @@ def test_random_tokens_and_copied_logprobs_are_rejected(engine_and_check):
                   for s in g] for p, g in groups.items()}
     for forged in (random_tokens, copied):
         assert not any(v.accepted for v in engine_and_check["check"].judge(forged))
+
+
+def test_a_rejected_sample_names_its_furthest_tokens_and_an_accepted_one_nothing(engine_and_check):
+    check = engine_and_check["check"]
+    honest = _sample(engine_and_check, engine_and_check["engine"], 8, 6)
+    assert all(v.accepted and v.evidence == () for v in check.judge(honest))
+    # Eight completions of 1..12 tokens claimed at -0.01 each: far from what the weights give.
+    prompt_ids = next(iter(honest.values()))[0].prompt_ids
+    samples = [ScoredSample(prompt_ids, tuple(3 + (k + j) % 15 for j in range(n)), (-0.01,) * n)
+               for k, n in enumerate((1, 2, 3, 5, 8, 9, 12, 4))]
+    for sample in samples:
+        verdict = check.judge({"p": [sample]})[0]
+        (recomputed,) = check.recompute([sample])
+        gaps = (torch.tensor(sample.claimed) - recomputed).abs()
+        assert not verdict.accepted and verdict.reason == "logprobs" and verdict.length == len(sample.claimed)
+        assert len(verdict.evidence) == min(len(sample.claimed), 8)
+        assert [e.position for e in verdict.evidence] == torch.argsort(gaps, descending=True, stable=True)[:8].tolist()
+        for e in verdict.evidence:
+            assert e.token == sample.completion_ids[e.position] and e.claimed == sample.claimed[e.position]
+            assert e.recomputed == pytest.approx(float(recomputed[e.position]), abs=0)
+    # A group's verdict carries its worst sample's evidence; one that cannot be scored carries none.
+    group = check.judge({"g": [next(iter(honest.values()))[0], samples[6]]})[0]
+    assert group.length == 12 and group.worst == pytest.approx(
+        float((torch.tensor(samples[6].claimed) - check.recompute([samples[6]])[0]).abs().mean()))
+    unscorable = check.judge({"u": [ScoredSample(prompt_ids, (10**9,), (-0.1,))]})[0]
+    assert unscorable.reason == "unscorable" and unscorable.evidence == () and unscorable.length == 0
 
 
 def test_samples_that_cannot_be_scored_are_rejected_not_raised(engine_and_check):

@@ -19,7 +19,7 @@ from workers.trainer import checkpoint
 from workers.trainer.cli import TrainerConfig
 from workers.trainer.leader import Leader
 from workers.trainer.publishing import Publishing
-from workers.trainer.rollout_check import RolloutCheck, ScoredSample
+from workers.trainer.rollout_check import GroupVerdict, RolloutCheck, ScoredSample
 from workers.trainer.state import Progress, Started
 
 log = logging.getLogger("aurora.trainer")
@@ -158,7 +158,8 @@ class StepLoop:
             for verdict in failed:
                 checked.discard(verdict.prompt_id)
                 leader.dispatcher.take_back(ledger, verdict.prompt_id, "logprobs", check=verdict.reason,
-                                            statistic=round(min(verdict.worst, 1e9), 6), tolerance=check.tolerance)
+                                            statistic=round(min(verdict.worst, 1e9), 6), tolerance=check.tolerance,
+                                            length=verdict.length, evidence=_evidence_to_json(verdict))
                 if not keep:  # leased again for rounds on end: the step goes on without it
                     ledger.drop(verdict.prompt_id)
             if not self._collect(leader, ledger):
@@ -191,6 +192,12 @@ class StepLoop:
                 samples.append(Sample(prompt_ids, ids, tuple(sample["logprobs"]), self.task.reward(prompt, text),
                                       prompt_id))
         return samples
+
+
+def _evidence_to_json(verdict: GroupVerdict) -> list[list[float]]:
+    """The worst sample's furthest tokens as ``[position, token, claimed, recomputed]`` rows (the run log's
+    ``evidence``: empty for a sample that could not be scored)."""
+    return [[e.position, e.token, round(e.claimed, 6), round(e.recomputed, 6)] for e in verdict.evidence]
 
 
 def _sample_to_json(sample: Sample) -> list[Any]:

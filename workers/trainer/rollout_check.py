@@ -58,12 +58,32 @@ class ScoredSample:
     claimed: tuple[float, ...]
 
 
+#: Tokens a rejected sample reports as its evidence (those whose claim is furthest from the recomputed value).
+EVIDENCE_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class TokenEvidence:
+    """One completion token of a rejected sample: where it is, what it is, the log-probability its sender
+    claimed and the one the held weights give."""
+
+    position: int  # in the completion
+    token: int
+    claimed: float
+    recomputed: float
+
+
 @dataclass(frozen=True)
 class SampleScore:
-    """``statistic``: mean |claimed − recomputed| over the completion (``inf`` when it cannot be scored)."""
+    """``statistic``: mean |claimed − recomputed| over the completion (``inf`` when it cannot be scored).
+    A sample rejected on its log-probabilities carries ``evidence``: its :data:`EVIDENCE_TOKENS` furthest
+    tokens, furthest first, and ``length`` its completion's (what an operator needs to tell a forgery from a
+    tail of honest noise, which is spread thin over every token)."""
 
     statistic: float
     reason: str  # "ok", "logprobs" (beyond the tolerance) or "unscorable"
+    evidence: tuple[TokenEvidence, ...] = ()
+    length: int = 0
 
 
 @dataclass(frozen=True)
@@ -74,6 +94,8 @@ class GroupVerdict:
     accepted: bool
     reason: str
     worst: float  # the largest per-sample statistic of the group
+    evidence: tuple[TokenEvidence, ...] = ()  # the worst sample's (rejected on its log-probabilities)
+    length: int = 0  # the worst sample's completion length
 
 
 class RolloutCheck:
@@ -120,8 +142,12 @@ class RolloutCheck:
             recomputed = self.recompute([samples[i] for i in chunk], temperature)
             for i, values in zip(chunk, recomputed, strict=True):
                 claimed = torch.tensor(samples[i].claimed, dtype=torch.float32)
-                stat = float((claimed - values).abs().mean())
-                out[i] = SampleScore(stat, "ok" if stat <= self.tolerance else "logprobs")
+                gaps = (claimed - values).abs()
+                stat = float(gaps.mean())
+                if stat <= self.tolerance:
+                    out[i] = SampleScore(stat, "ok")
+                else:
+                    out[i] = SampleScore(stat, "logprobs", _evidence(samples[i], values, gaps), len(gaps))
         return [s for s in out if s is not None]
 
     def recompute(self, samples: Sequence[ScoredSample], temperature: float = 1.0) -> list[torch.Tensor]:
@@ -175,5 +201,12 @@ class RolloutCheck:
         verdicts = []
         for prompt_id in groups:
             score = worst.get(prompt_id, SampleScore(math.inf, "unscorable"))  # a result without samples
-            verdicts.append(GroupVerdict(prompt_id, score.reason == "ok", score.reason, score.statistic))
+            verdicts.append(GroupVerdict(prompt_id, score.reason == "ok", score.reason, score.statistic,
+                                         score.evidence, score.length))
         return verdicts
+
+
+def _evidence(sample: ScoredSample, recomputed: torch.Tensor, gaps: torch.Tensor) -> tuple[TokenEvidence, ...]:
+    furthest = torch.argsort(gaps, descending=True, stable=True)[:EVIDENCE_TOKENS].tolist()
+    return tuple(TokenEvidence(k, sample.completion_ids[k], sample.claimed[k], float(recomputed[k]))
+                 for k in furthest)
