@@ -14,6 +14,8 @@ import importlib
 import json
 import sys
 
+from aurora_store.errors import ConfigError, ObjectNotFoundError
+
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "codec": ("benchmarks.codec", "delta size and encode/apply speed on Adam-step deltas"),
     "transfer": ("benchmarks.transfer", "upload/download over 1 vs S streams: local S3 server and a directory"),
@@ -43,7 +45,10 @@ def main(argv: list[str] | None = None) -> int:
         if name == chosen:  # only the chosen one is imported (its options are all argparse needs)
             importlib.import_module(module).add_arguments(subparser)
     args = parser.parse_args(argv)
-    result = importlib.import_module(BENCHMARKS[args.bench][0]).run_from_args(args)
+    try:
+        result = importlib.import_module(BENCHMARKS[args.bench][0]).run_from_args(args)
+    except (ConfigError, ObjectNotFoundError) as exc:  # bad options or input: said, not a traceback
+        parser.exit(2, f"python -m benchmarks {args.bench}: error: {exc}\n")
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
     return 0

@@ -15,6 +15,13 @@ four forgeries:
 
 ``--model-config`` (JSON) overrides the built-in small Qwen3 (e.g. a wider vocabulary), ``--warm-start-steps``
 the supervised steps it gets first (a peaked policy, as in a real run).
+
+``--bucket URL [--version V]`` measures on a run's own weights instead: version ``V`` (default: the newest) is
+rebuilt from the run's bucket the way an actor follows it (its snapshot's files, then deltas, each checked
+against its manifest's digest), and the other-version forgeries are the run's own neighbours, ``V − 1`` and
+``V + 1`` (where the bucket holds them). This is how to set ``--logprob-tolerance`` for a real run, or to tell
+whether a take-back was noise: the honest statistic on the very weights it happened on. The prompts are the
+addition task's (``--max-operand``: the trainer's).
 """
 
 from __future__ import annotations
@@ -31,6 +38,11 @@ from typing import Any
 import torch
 
 from aurora_store.codec import ModelLayout
+from aurora_store.errors import ConfigError, VersionNotFoundError
+from aurora_store.follow import follow, plan_catch_up
+from aurora_store.store import DeltaStore, open_bucket
+from aurora_store.store.snapshot_manifest import read_snapshot_manifest
+from aurora_store.store.snapshots import load_snapshot
 from benchmarks.wan_bench.warm import build
 from workers.engines.torch_engine import TorchEngine
 from workers.rl.model import DEFAULT_CONFIG, load_model, load_tokenizer, warm_start
@@ -52,9 +64,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=["torch", "vllm"], default="torch",
                         help="the honest actor's engine (vllm: the CPU build; the other-version forgeries need "
                              "torch's in-process weights and are skipped)")
+    parser.add_argument("--bucket", help="measure on this run's own weights (its bucket's URL) instead of a "
+                                         "built model (torch engine)")
+    parser.add_argument("--version", type=int, help="with --bucket: the version to measure on (default: newest)")
 
 
 def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    if args.bucket is not None:
+        if args.engine != "torch" or args.model_config:
+            raise ConfigError("--bucket measures with the torch engine on the run's own model: drop --engine "
+                              "and --model-config")
+        return run_on_bucket(args.bucket, args.version, results=args.results, group_size=args.group_size,
+                             per_call=args.prompts_per_call, max_operand=args.max_operand,
+                             tolerance=args.tolerance, temperature=args.temperature, seed=args.seed)
+    if args.version is not None:
+        raise ConfigError("--version needs --bucket")
     overrides = json.loads(args.model_config) if args.model_config else {}
     return run(overrides, results=args.results, group_size=args.group_size, per_call=args.prompts_per_call,
                max_operand=args.max_operand, warm_steps=args.warm_start_steps, tolerance=args.tolerance,
@@ -119,6 +143,67 @@ def run(overrides: dict[str, Any], *, results: int, group_size: int, per_call: i
         out["forged"] = forged
         engine.close()
         return out
+
+
+def run_on_bucket(url: str, version: int | None, *, results: int, group_size: int, per_call: int,
+                  max_operand: int, tolerance: float, temperature: float, seed: int) -> dict[str, Any]:
+    """The check on a run's own weights: honest samples of ``version`` and samples of its neighbours.
+
+    One engine walks the run forwards like an actor: from the snapshot that reaches ``version − 1`` (its files
+    are the engine's model directory), to ``version − 1`` (the "previous" samples), to ``version`` (held by the
+    check; the honest samples), to ``version + 1`` when the bucket has it (the "next" samples). A version the
+    bucket cannot rebuild is a :class:`~aurora_store.errors.VersionNotFoundError` before anything is generated."""
+    store = DeltaStore(open_bucket(url))
+    deltas, snapshots = store.versions(), store.snapshot_versions()
+    if not deltas and not snapshots:
+        raise VersionNotFoundError(f"{url} holds no version of a run (no deltas, no snapshots)")
+    held = sorted(set(deltas) | set(snapshots))
+    goal = held[-1] if version is None else version
+    if goal not in held:
+        raise VersionNotFoundError(f"{url} holds no version {goal} (it holds {held[0]}..{held[-1]})")
+    start = max(goal - 1, 0)
+    plan = plan_catch_up(None, start, {v: store.delta_bytes(v) for v in deltas if v <= start},
+                         {s: read_snapshot_manifest(store, s).total_bytes for s in snapshots if s <= start})
+    if plan.snapshot is None:
+        raise VersionNotFoundError(f"{url} has no snapshot at or before version {start} to start from")
+    layout = store.layout(read_snapshot_manifest(store, plan.snapshot).layout_fingerprint)
+    task = AdditionTask(max_operand=max_operand, seed=seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp) / "model"
+        load_snapshot(store, plan.snapshot, layout, download_dir=model_dir)
+        engine = TorchEngine(model_dir, layout, seed=seed, version=plan.snapshot)
+        tokenizer = load_tokenizer(model_dir)
+        config = json.loads((model_dir / "config.json").read_text())
+        check = RolloutCheck(load_model(model_dir), vocab_size=int(config["vocab_size"]), tolerance=tolerance)
+        count = max(results // 4, 1)
+        forged: dict[str, Any] = {}
+
+        def walk_to(v: int) -> None:
+            follow(store, engine.target, v, snapshots=False)
+
+        def sample(n: int, salt: int) -> list[ScoredSample]:
+            return _generate(engine, tokenizer, task, n, group_size, per_call, max_operand, temperature, seed + salt)
+
+        previous: list[ScoredSample] = []  # generated before the check can hold ``goal`` (deltas go forwards)
+        if goal > plan.snapshot:
+            walk_to(goal - 1)
+            previous = sample(count, 11)
+        walk_to(goal)
+        digest = str(engine.target.full_digest())
+        check.hold({n: p.detach() for n, p in engine.model.named_parameters()}, goal)
+        honest = sample(results, 0)
+        honest_scores = _scores(check, honest, temperature)
+        if previous:
+            forged["previous_version"] = _forged(_scores(check, previous, temperature), group_size, tolerance)
+        if goal + 1 in deltas:
+            walk_to(goal + 1)
+            forged["next_version"] = _forged(_scores(check, sample(count, 13), temperature), group_size, tolerance)
+        engine.close()
+    return {"benchmark": "logprob_check", "engine": "torch",
+            "source": {"bucket": url, "version": goal, "weights_digest": digest, "snapshot": plan.snapshot},
+            "model": {k: config[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size")},
+            "temperature": temperature, "tolerance": tolerance,
+            "honest": _honest(honest, honest_scores, group_size, tolerance), "forged": forged}
 
 
 def _generate(engine: Any, tokenizer: Any, task: AdditionTask, results: int, group_size: int, per_call: int,

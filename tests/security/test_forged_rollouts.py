@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -198,3 +200,21 @@ def test_a_taken_back_result_leaves_the_step_and_its_prompt_is_leased_again():
     assert "b" not in ledger.prompts and list(ledger.pool) == ["a"]
     ledger.check_invariants()
     assert ledger.drop("a") and ledger.complete
+
+
+# --- the benchmark's options ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--version", "3"], "--version needs --bucket"),
+    (["--bucket", "{empty}", "--engine", "vllm"], "--bucket measures with the torch engine"),
+    (["--bucket", "{empty}"], "holds no version of a run"),
+])
+def test_the_benchmark_refuses_what_it_cannot_measure_in_one_line(tmp_path, args, message):
+    empty = tmp_path / "bucket"
+    empty.mkdir()
+    argv = [a.replace("{empty}", f"file://{empty}") for a in args]
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "logprob_check", *argv], cwd=Path(__file__).parents[2],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout == "" and list(empty.iterdir()) == []

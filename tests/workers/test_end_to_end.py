@@ -209,3 +209,28 @@ def test_history_records_every_version(run):
     table = history.load(DeltaStore(open_bucket(run["cluster"].buckets["us-east"])))
     assert table.column("version").to_pylist() == list(range(1, STEPS + 1))
     assert all(s > 0 for s in table.column("encode_s").to_pylist())
+
+
+def test_the_logprob_benchmark_measures_the_check_on_the_runs_own_weights(run):
+    """``python -m benchmarks logprob_check --bucket``: the run's version rebuilt as an actor would, its honest
+    samples within the tolerance, its neighbours' samples told apart; a version the bucket lacks is refused."""
+    from aurora_store.errors import VersionNotFoundError
+    from benchmarks.logprob_check import run_on_bucket
+
+    url = run["cluster"].buckets["us-east"]
+    store = DeltaStore(open_bucket(url))
+    version = STEPS // 2 + 1  # not a snapshot: the walk crosses deltas on both sides
+    out = run_on_bucket(url, version, results=16, group_size=8, per_call=8, max_operand=49, tolerance=0.1,
+                        temperature=1.0, seed=0)
+    assert out["source"]["version"] == version
+    assert out["source"]["weights_digest"] == store.manifest(version).weights_digest
+    honest = out["honest"]
+    assert honest["results"] == 16 and honest["false_rejections_results"] == 0
+    assert honest["statistic"]["max"] < 0.1
+    assert set(out["forged"]) == {"previous_version", "next_version"}
+    for forged in out["forged"].values():  # one optimizer step away: ~40x honest noise on average in this run
+        assert forged["results"] == 4 and set(forged["rejection_rate_results_at"]) >= {"0.1"}, forged
+        assert forged["statistic"]["mean"] > 3 * honest["statistic"]["mean"], (forged, honest)
+    with pytest.raises(VersionNotFoundError):
+        run_on_bucket(url, STEPS + 5, results=1, group_size=8, per_call=8, max_operand=49, tolerance=0.1,
+                      temperature=1.0, seed=0)
