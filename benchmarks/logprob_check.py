@@ -39,10 +39,8 @@ import torch
 
 from aurora_store.codec import ModelLayout
 from aurora_store.errors import ConfigError, VersionNotFoundError
-from aurora_store.follow import follow, plan_catch_up
+from aurora_store.follow import BucketChain, Follower
 from aurora_store.store import DeltaStore, open_bucket
-from aurora_store.store.snapshot_manifest import read_snapshot_manifest
-from aurora_store.store.snapshots import load_snapshot
 from benchmarks.wan_bench.warm import build
 from workers.engines.torch_engine import TorchEngine
 from workers.rl.model import DEFAULT_CONFIG, load_model, load_tokenizer, warm_start
@@ -149,61 +147,50 @@ def run_on_bucket(url: str, version: int | None, *, results: int, group_size: in
                   max_operand: int, tolerance: float, temperature: float, seed: int) -> dict[str, Any]:
     """The check on a run's own weights: honest samples of ``version`` and samples of its neighbours.
 
-    One engine walks the run forwards like an actor: from the snapshot that reaches ``version − 1`` (its files
-    are the engine's model directory), to ``version − 1`` (the "previous" samples), to ``version`` (held by the
-    check; the honest samples), to ``version + 1`` when the bucket has it (the "next" samples). A version the
-    bucket cannot rebuild is a :class:`~aurora_store.errors.VersionNotFoundError` before anything is generated."""
+    One engine follows the run forwards as an actor does (:meth:`Follower.bootstrap` to ``version − 1``: a
+    snapshot's files are the engine's model directory), generating the "previous" samples there, the honest
+    ones at ``version`` (held by the check) and the "next" ones at ``version + 1`` when the bucket has it. A
+    version the bucket cannot rebuild is a :class:`~aurora_store.errors.VersionNotFoundError` before anything
+    is generated."""
     store = DeltaStore(open_bucket(url))
-    deltas, snapshots = store.versions(), store.snapshot_versions()
-    if not deltas and not snapshots:
+    held = sorted(set(store.versions()) | set(store.snapshot_versions()))
+    if not held:
         raise VersionNotFoundError(f"{url} holds no version of a run (no deltas, no snapshots)")
-    held = sorted(set(deltas) | set(snapshots))
     goal = held[-1] if version is None else version
     if goal not in held:
         raise VersionNotFoundError(f"{url} holds no version {goal} (it holds {held[0]}..{held[-1]})")
-    start = max(goal - 1, 0)
-    plan = plan_catch_up(None, start, {v: store.delta_bytes(v) for v in deltas if v <= start},
-                         {s: read_snapshot_manifest(store, s).total_bytes for s in snapshots if s <= start})
-    if plan.snapshot is None:
-        raise VersionNotFoundError(f"{url} has no snapshot at or before version {start} to start from")
-    layout = store.layout(read_snapshot_manifest(store, plan.snapshot).layout_fingerprint)
     task = AdditionTask(max_operand=max_operand, seed=seed)
+    follower = Follower(BucketChain(store))
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = Path(tmp) / "model"
-        load_snapshot(store, plan.snapshot, layout, download_dir=model_dir)
-        engine = TorchEngine(model_dir, layout, seed=seed, version=plan.snapshot)
-        tokenizer = load_tokenizer(model_dir)
-        config = json.loads((model_dir / "config.json").read_text())
-        check = RolloutCheck(load_model(model_dir), vocab_size=int(config["vocab_size"]), tolerance=tolerance)
+        boot = follower.bootstrap(store, max(goal - 1, 0), Path(tmp))
+        engine = TorchEngine(boot.model_dir, boot.layout, seed=seed)
+        follower.attach(engine.target, boot)
+        tokenizer = load_tokenizer(boot.model_dir)
+        config = json.loads((boot.model_dir / "config.json").read_text())
+        check = RolloutCheck(load_model(boot.model_dir), vocab_size=int(config["vocab_size"]), tolerance=tolerance)
         count = max(results // 4, 1)
-        forged: dict[str, Any] = {}
-
-        def walk_to(v: int) -> None:
-            follow(store, engine.target, v, snapshots=False)
 
         def sample(n: int, salt: int) -> list[ScoredSample]:
             return _generate(engine, tokenizer, task, n, group_size, per_call, max_operand, temperature, seed + salt)
 
-        previous: list[ScoredSample] = []  # generated before the check can hold ``goal`` (deltas go forwards)
-        if goal > plan.snapshot:
-            walk_to(goal - 1)
-            previous = sample(count, 11)
-        walk_to(goal)
-        digest = str(engine.target.full_digest())
+        # Generated before the check can hold ``goal``: deltas only go forwards.
+        previous = sample(count, 11) if engine.target.version == goal - 1 else []
+        follower.follow_to(goal, snapshots=False)
+        digest = str(engine.target.full_digest())  # what the engine holds, hashed from scratch
         check.hold({n: p.detach() for n, p in engine.model.named_parameters()}, goal)
         honest = sample(results, 0)
-        honest_scores = _scores(check, honest, temperature)
+        forged: dict[str, Any] = {}
         if previous:
             forged["previous_version"] = _forged(_scores(check, previous, temperature), group_size, tolerance)
-        if goal + 1 in deltas:
-            walk_to(goal + 1)
+        if goal + 1 in store.versions():
+            follower.follow_to(goal + 1, snapshots=False)
             forged["next_version"] = _forged(_scores(check, sample(count, 13), temperature), group_size, tolerance)
         engine.close()
     return {"benchmark": "logprob_check", "engine": "torch",
-            "source": {"bucket": url, "version": goal, "weights_digest": digest, "snapshot": plan.snapshot},
+            "source": {"bucket": url, "version": goal, "weights_digest": digest, "snapshot": boot.plan.snapshot},
             "model": {k: config[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size")},
             "temperature": temperature, "tolerance": tolerance,
-            "honest": _honest(honest, honest_scores, group_size, tolerance), "forged": forged}
+            "honest": _honest(honest, _scores(check, honest, temperature), group_size, tolerance), "forged": forged}
 
 
 def _generate(engine: Any, tokenizer: Any, task: AdditionTask, results: int, group_size: int, per_call: int,
