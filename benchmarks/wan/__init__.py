@@ -26,9 +26,11 @@ from benchmarks.wan.links import DirectionStats, LinkStats
 from benchmarks.wan.netns import cleanup_stale
 from benchmarks.wan.probes import (
     DatagramLoss,
+    RoundTrips,
     Throughput,
     measure_connect_rtt,
     measure_datagram_loss,
+    measure_round_trips,
     measure_rtt,
     measure_throughput,
 )
@@ -46,6 +48,7 @@ __all__ = [
     "NetnsUnsupportedError",
     "NotRootError",
     "Region",
+    "RoundTrips",
     "Shape",
     "Throughput",
     "Topology",
@@ -54,6 +57,7 @@ __all__ = [
     "get_tcp_congestion",
     "measure_connect_rtt",
     "measure_datagram_loss",
+    "measure_round_trips",
     "measure_rtt",
     "measure_throughput",
     "set_tcp_congestion",

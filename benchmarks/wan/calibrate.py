@@ -2,7 +2,9 @@
 
 ``python -m benchmarks.wan.calibrate --rate 100 --rtt 50 --loss 0.01 --json`` builds a one-link topology,
 measures it and prints one JSON object. Rates are TCP goodput (payload bytes at the receiver, first to last byte);
-with 1500-byte packets that is ~3.5 % below the IP-level link rate because of TCP/IP headers.
+with 1500-byte packets that is ~3.5 % below the IP-level link rate because of TCP/IP headers. The RTT is the
+fastest of the echo round trips, the link's own: a probe thread of a busy host only ever adds to it (the median
+and slowest are recorded beside it).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 from benchmarks.wan.congestion import DEFAULT_CC
 from benchmarks.wan.links import ForwarderLink
-from benchmarks.wan.probes import measure_rtt, measure_throughput
+from benchmarks.wan.probes import measure_round_trips, measure_throughput
 from benchmarks.wan.spec import LinkSpec
 from benchmarks.wan.topology import Topology
 
@@ -29,6 +31,8 @@ class Calibration:
     streams: int
     rtt_ms_target: float
     rtt_ms: float
+    rtt_ms_median: float
+    rtt_ms_max: float
     loss_target: float
     loss_observed: float
     packets: int
@@ -61,7 +65,7 @@ def calibrate_link(topo: Topology, region: str, *, mbytes: float = 8.0, seconds:
     sender, receiver = (topo.home, region) if direction == "down" else (region, topo.home)
     link = topo.link(region)
     spec = link.spec  # the link's current shape: it may have been reshaped since the topology was built
-    rtt = measure_rtt(topo, region, topo.home, samples=rtt_samples)
+    rtts = measure_round_trips(topo, region, topo.home, samples=rtt_samples)
     if isinstance(link, ForwarderLink):
         link.reset_stats()
         before = None
@@ -81,7 +85,9 @@ def calibrate_link(topo: Topology, region: str, *, mbytes: float = 8.0, seconds:
         rate_mbit_achieved_nstreams=round(multi.mbit_s, 3),
         streams=streams,
         rtt_ms_target=spec.rtt_ms,
-        rtt_ms=round(rtt, 3),
+        rtt_ms=round(rtts.min_ms, 3),
+        rtt_ms_median=round(rtts.median_ms, 3),
+        rtt_ms_max=round(rtts.max_ms, 3),
         loss_target=shape.loss,
         loss_observed=round(stats.loss_observed, 5),
         packets=packets,

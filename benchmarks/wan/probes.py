@@ -152,12 +152,37 @@ def measure_throughput(topo: Topology, sender: str, receiver: str, *, nbytes: in
                       cc_sender=",".join(sorted(set(cc_send))), cc_receiver=",".join(sorted(set(cc_recv))))
 
 
-def measure_rtt(topo: Topology, client: str, server: str, samples: int = 20, timeout: float = 30.0) -> float:
-    """Median round trip (ms) of a 1-byte TCP echo between two regions, on one warm NODELAY connection.
+@dataclass(frozen=True)
+class RoundTrips:
+    """Echo round trips (ms) of one warm connection, in the order they were taken.
 
-    The first exchange is discarded (it may carry the handshake's tail); the median ignores the odd sample
-    delayed by a random loss and retransmission timeout.
+    The link only ever adds delay, and the host only ever adds more (a probe thread that waits for a core or
+    the GIL): ``min_ms`` is the link's own round trip, ``median_ms`` what a process on this host typically saw.
     """
+
+    samples_ms: tuple[float, ...]
+
+    @property
+    def min_ms(self) -> float:
+        return min(self.samples_ms)
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.samples_ms)
+
+    @property
+    def max_ms(self) -> float:
+        return max(self.samples_ms)
+
+
+def measure_round_trips(topo: Topology, client: str, server: str, samples: int = 20,
+                        timeout: float = 30.0) -> RoundTrips:
+    """Round trips of a 1-byte TCP echo between two regions, on one warm NODELAY connection.
+
+    The first exchange is discarded (it may carry the handshake's tail).
+    """
+    if samples < 1:
+        raise ValueError(f"samples must be at least 1, got {samples}")
     rtts: list[float] = []
     with _listener(topo, server) as listener:
         listener.settimeout(timeout)
@@ -188,7 +213,13 @@ def measure_rtt(topo: Topology, client: str, server: str, samples: int = 20, tim
                     raise WanError("echo server closed the connection")
                 rtts.append((time.perf_counter() - start) * 1000)
         thread.join(timeout)
-    return statistics.median(rtts[1:])
+    return RoundTrips(tuple(rtts[1:]))
+
+
+def measure_rtt(topo: Topology, client: str, server: str, samples: int = 20, timeout: float = 30.0) -> float:
+    """Median round trip (ms) of :func:`measure_round_trips`: it ignores the odd sample delayed by a random loss
+    and retransmission timeout."""
+    return measure_round_trips(topo, client, server, samples, timeout).median_ms
 
 
 def measure_connect_rtt(topo: Topology, client: str, server: str, samples: int = 5, timeout: float = 30.0) -> float:
