@@ -8,7 +8,7 @@ VLLM_STAMP := $(VENV)/.aurora-vllm-installed
 # torch comes from the local CPU wheel on our machines (pip finds it); any matching release works elsewhere.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv vllm system-deps node-deps sky-venv demo demo-0.6b test test-parallel test-prerequisites lint-after-vllm warm-kernels warm-vllm-registry test-long test-fast test-vllm lint bench chaos clean \
+.PHONY: venv vllm system-deps node-deps sky-venv demo demo-0.6b test test-serial test-prerequisites lint-after-vllm warm-kernels warm-vllm-registry test-long test-fast test-vllm lint bench chaos clean \
   device-check device-wheels
 
 venv: $(STAMP)
@@ -63,7 +63,7 @@ $(SKY_STAMP): | $(STAMP)
 	$(VENV)/sky/bin/python -m pip install -q "skypilot==$(SKYPILOT_VERSION)"
 	@touch $@
 
-# `make test-parallel`: the whole suite but the `long` tier on pytest-xdist workers (scripts/run-tests): the tests that
+# The whole suite but the `long` tier (CI's command) on pytest-xdist workers (scripts/run-tests): the tests that
 # judge time or throughput (marked `serial`) first, one at a time, on a worker of their own at normal priority; the
 # rest on TEST_WORKERS more workers (a file per unit, the longest first: tests/parallel.py) in the idle CPU class,
 # and on the timed tests' worker once those are done: ~12 minutes of pytest on two cores. One JUnit report goes to
@@ -72,13 +72,12 @@ $(SKY_STAMP): | $(STAMP)
 # them both waiting the cores idled (1.4-1.6 busy for minutes); with three the machine stays ~1.95 busy.
 TEST_WORKERS ?= 3
 REPORTS := runs/test-reports
-test-parallel: test-prerequisites
+test: test-prerequisites
 	$(PY) scripts/run-tests --workers $(TEST_WORKERS) --reports $(REPORTS)
 
-# `make test` (CI's command): the same tests one at a time, in one process (~30 minutes on two cores). CI runs
-# these until the parallel runner is green in every fresh clone: beside its background load a timed check still
-# misses now and then (two of its last seven fresh-clone runs; README, "Running the tests").
-test: test-prerequisites
+# The same tests one at a time, in one process (~30 minutes on two cores): for a quiet machine's figures, or to
+# rule the workers out when a test misses.
+test-serial: test-prerequisites
 	@mkdir -p $(REPORTS)
 	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -p no:xdist -m "not long" --durations=30 --junitxml=$(REPORTS)/all.xml
 

@@ -28,7 +28,7 @@ from aurora_store.testing.servers import (
 )
 from workers.launch import start_from_template
 
-pytest_plugins = ["tests.cpu_time", "tests.parallel"]  # parallel: how `make test-parallel` spreads the suite
+pytest_plugins = ["tests.cpu_time", "tests.parallel"]  # parallel: how `make test` spreads the suite
 
 # The operator's admission secret, for every trainer and actor a test starts (in-process or as a child).
 os.environ.setdefault("AURORA_ADMISSION_SECRET", secrets.token_urlsafe(24))

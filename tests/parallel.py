@@ -1,4 +1,4 @@
-"""How ``make test-parallel`` spreads the suite over pytest-xdist workers (a pytest plugin: ``-p tests.parallel``, also
+"""How ``make test`` spreads the suite over pytest-xdist workers (a pytest plugin: ``-p tests.parallel``, also
 listed by ``tests/conftest.py``).
 
 Most of the suite waits on real processes (trainers, actors, relays, servers starting, leases expiring), so a

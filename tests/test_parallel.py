@@ -1,4 +1,4 @@
-"""How ``make test-parallel`` groups and orders the suite (tests/parallel.py)."""
+"""How ``make test`` groups and orders the suite (tests/parallel.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``scripts/run-tests`` (``make test-parallel``), run on small suites of their own: the timed tests (marked ``serial``)
+"""``scripts/run-tests`` (``make test``), run on small suites of their own: the timed tests (marked ``serial``)
 first, one at a time, on worker ``gw0`` at the caller's CPU priority; the rest on the other workers at the
 lowest, at the same time, and on ``gw0`` too once the timed tests are done; one JUnit report; pytest's exit
 status."""

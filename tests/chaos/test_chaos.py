@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
 
 #: Scenarios whose invariants judge time (heterogeneous_actors: proportional allocation ≥ 25 % faster than a uniform
-#: split), so they run with the cores theirs when they want them (``make test-parallel`` runs timed tests on a worker of
+#: split), so they run with the cores theirs when they want them (``make test`` runs timed tests on a worker of
 #: their own).
 TIMED = {"heterogeneous_actors"}
 

@@ -20,7 +20,7 @@ from workers.cluster import ClusterSpec, LocalCluster
 BATCH, STEPS, SLOW_AT = 24, 10, 4
 
 # Shares follow throughput the trainer measures (20 vs 100 tokens/s emulated): timed tests, run one at a time at
-# normal priority by `make test-parallel` (scripts/run-tests). Mostly waiting (~6 of its ~50 s on a CPU), it costs the
+# normal priority by `make test` (scripts/run-tests). Mostly waiting (~6 of its ~50 s on a CPU), it costs the
 # timed tests' worker little and takes a long wait off the others.
 pytestmark = pytest.mark.serial
 
