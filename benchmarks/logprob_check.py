@@ -153,7 +153,8 @@ def run_on_bucket(url: str, version: int | None, *, results: int, group_size: in
     version the bucket cannot rebuild is a :class:`~aurora_store.errors.VersionNotFoundError` before anything
     is generated."""
     store = DeltaStore(open_bucket(url))
-    held = sorted(set(store.versions()) | set(store.snapshot_versions()))
+    deltas = set(store.versions())
+    held = sorted(deltas | set(store.snapshot_versions()))
     if not held:
         raise VersionNotFoundError(f"{url} holds no version of a run (no deltas, no snapshots)")
     goal = held[-1] if version is None else version
@@ -182,7 +183,7 @@ def run_on_bucket(url: str, version: int | None, *, results: int, group_size: in
         forged: dict[str, Any] = {}
         if previous:
             forged["previous_version"] = _forged(_scores(check, previous, temperature), group_size, tolerance)
-        if goal + 1 in store.versions():
+        if goal + 1 in deltas:
             follower.follow_to(goal + 1, snapshots=False)
             forged["next_version"] = _forged(_scores(check, sample(count, 13), temperature), group_size, tolerance)
         engine.close()

@@ -88,14 +88,33 @@ class SampleScore:
 
 @dataclass(frozen=True)
 class GroupVerdict:
-    """A result's verdict: rejected if any of its samples is."""
+    """A result's verdict: rejected if any of its samples is; it speaks through its worst sample's score."""
 
     prompt_id: str
-    accepted: bool
-    reason: str
-    worst: float  # the largest per-sample statistic of the group
-    evidence: tuple[TokenEvidence, ...] = ()  # the worst sample's (rejected on its log-probabilities)
-    length: int = 0  # the worst sample's completion length
+    score: SampleScore  # the group's worst sample's
+
+    @property
+    def accepted(self) -> bool:
+        return self.score.reason == "ok"
+
+    @property
+    def reason(self) -> str:
+        return self.score.reason
+
+    @property
+    def worst(self) -> float:
+        """The largest per-sample statistic of the group."""
+        return self.score.statistic
+
+    @property
+    def evidence(self) -> tuple[TokenEvidence, ...]:
+        """The worst sample's furthest tokens (empty unless it was rejected on its log-probabilities)."""
+        return self.score.evidence
+
+    @property
+    def length(self) -> int:
+        """The worst sample's completion length (0 unless it was rejected on its log-probabilities)."""
+        return self.score.length
 
 
 class RolloutCheck:
@@ -198,12 +217,8 @@ class RolloutCheck:
         for (prompt_id, _), score in zip(flat, scores, strict=True):
             if prompt_id not in worst or score.statistic > worst[prompt_id].statistic:
                 worst[prompt_id] = score
-        verdicts = []
-        for prompt_id in groups:
-            score = worst.get(prompt_id, SampleScore(math.inf, "unscorable"))  # a result without samples
-            verdicts.append(GroupVerdict(prompt_id, score.reason == "ok", score.reason, score.statistic,
-                                         score.evidence, score.length))
-        return verdicts
+        no_samples = SampleScore(math.inf, "unscorable")  # a result without samples
+        return [GroupVerdict(prompt_id, worst.get(prompt_id, no_samples)) for prompt_id in groups]
 
 
 def _evidence(sample: ScoredSample, recomputed: torch.Tensor, gaps: torch.Tensor) -> tuple[TokenEvidence, ...]:
