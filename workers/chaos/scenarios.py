@@ -34,6 +34,7 @@ from workers.chaos.harness import (
 from workers.chaos.hostile import HostileActor
 from workers.chaos.notifier import HostileNotifier
 from workers.cluster import LocalCluster
+from workers.launch import Managed
 
 Scenario = Callable[[Path, bool], ScenarioResult]
 
@@ -179,8 +180,7 @@ def actor_falls_behind(run_dir: Path, quick: bool) -> ScenarioResult:
         os.kill(victim.process.pid, signal.SIGSTOP)
         frozen_at, frozen_version = now_ms(), cluster.trainer_version()
         wait_version(cluster, frozen_version + 3)
-        os.kill(victim.process.pid, signal.SIGCONT)
-        resumed = now_ms()
+        resumed = _thaw(victim)
         summary = cluster.wait_trainer_done(300)
         log = cluster.plane.run_log()
         store = cluster.store()
@@ -270,8 +270,7 @@ def gc_during_lag(run_dir: Path, quick: bool) -> ScenarioResult:
                 time.sleep(0.5)
         collected = report.plan.removed_deltas if report else ()
         wait_version(cluster, cluster.trainer_version() + 1)
-        os.kill(victim.process.pid, signal.SIGCONT)
-        resumed = now_ms()
+        resumed = _thaw(victim)
         summary = cluster.wait_trainer_done(300)
         final = (summary["trainer_version"], summary["trainer_digest"])
         on_final = cluster.wait_for(
@@ -316,6 +315,15 @@ def gc_during_lag(run_dir: Path, quick: bool) -> ScenarioResult:
         result.invariants["no_wrongly_accepted_rollout"] = not wrong
         finish(result, cluster, summary, log, expected_steps=steps, collected_through=max(collected, default=0))
     return result
+
+
+def _thaw(process: Managed) -> int:
+    """SIGCONT ``process``; the wall-clock ms just *before* it, which every event the process logs once thawed
+    is at or after. Read after the signal, a busy test process may read it only once the thawed process has
+    already logged its first events (seen: a catch-up plan logged before a late ``resumed``)."""
+    resumed = now_ms()
+    os.kill(process.process.pid, signal.SIGCONT)
+    return resumed
 
 
 def _active_version(cluster: LocalCluster, actor_id: str) -> int:
