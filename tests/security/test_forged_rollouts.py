@@ -39,10 +39,11 @@ def hostile_run(tmp_path_factory):
     spec = ClusterSpec(run_dir=tmp_path_factory.mktemp("forged"), steps=STEPS, batch_size=6, group_size=4,
                        home="home", actors={"home": 1}, snapshot_every=100,
                        trainer_args=["--warm-start-steps", "20", "--epochs", "1", "--split", "uniform",
-                                     "--initial-lease-s", "30"])
+                                     "--initial-lease-s", "30", "--min-actors", "3"])
     with LocalCluster(spec) as cluster:
-        # Registered before the first step is dispatched is not guaranteed; uniform shares give each hostile
-        # actor a third of every step it is eligible for.
+        # The first step waits for all three (--min-actors): started after the honest one by a test process
+        # that may be slow to get the CPU, the hostile actors once missed every step of the run. Uniform
+        # shares give each of them a third of every step it is eligible for.
         cluster.start_actor("hostile-random", "home", ["--forge-rollouts", "random_tokens"])
         cluster.start_actor("hostile-copied", "home", ["--forge-rollouts", "copied_logprobs"])
         summary = cluster.wait_trainer_done(timeout=600)

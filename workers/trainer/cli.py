@@ -53,6 +53,7 @@ class TrainerConfig:
     gpu_memory_gib: float | None = None  # the memory check's budget (default: what CUDA reports)
     checkpoint_every: int | None = None  # write a checkpoint every N steps; None: from its size and the disk
     logprob_tolerance: float = DEFAULT_TOLERANCE  # the logprob check's per-sample bound (0: no check)
+    min_actors: int = 1  # the first step of this process waits for this many eligible actors (≤ step_timeout_s)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--logdir", help="TensorBoard event files go here (default: <checkpoint-dir>/tb)")
     p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (WANDB_MODE=offline works)")
     p.add_argument("--step-timeout-s", type=float, default=600.0, help="give up if a step gets no progress")
+    p.add_argument("--min-actors", type=int, default=1, metavar="N",
+                   help="the first step (of this process: also after a restart) waits until N actors are eligible, "
+                        "at most --step-timeout-s, then goes ahead with those there; later steps never wait for "
+                        "more than one")
     p.add_argument("--split", choices=["proportional", "uniform"], default="proportional",
                    help="how a batch is split across eligible actors (uniform: for comparison)")
     p.add_argument("--compute-dtype", choices=["bfloat16", "float32"], default="bfloat16",
@@ -182,6 +187,8 @@ def parse_args(argv: list[str] | None = None) -> TrainerConfig:
         p.error(f"--kl-coef must be non-negative, got {a.kl_coef}")
     if not 0 <= a.logprob_tolerance < float("inf"):
         p.error(f"--logprob-tolerance must be ≥ 0 and finite, got {a.logprob_tolerance}")
+    if a.min_actors < 1:
+        p.error(f"--min-actors must be at least 1, got {a.min_actors}")
     if a.logits_chunk < 0:
         p.error(f"--logits-chunk must be ≥ 0, got {a.logits_chunk}")
     missing = [f for f, v in (("--bucket", a.bucket), ("--redis", a.redis), ("--checkpoint-dir", a.checkpoint_dir))
@@ -201,4 +208,4 @@ def parse_args(argv: list[str] | None = None) -> TrainerConfig:
         exclusion_decay=a.exclusion_decay, device=a.device, optimizer=a.optimizer,
         activation_checkpointing=a.activation_checkpointing, logits_chunk=a.logits_chunk, plan_seq_len=a.plan_seq_len,
         gpu_memory_gib=a.gpu_memory_gib, checkpoint_every=a.checkpoint_every,
-        logprob_tolerance=a.logprob_tolerance)
+        logprob_tolerance=a.logprob_tolerance, min_actors=a.min_actors)

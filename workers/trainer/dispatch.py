@@ -149,15 +149,21 @@ class Dispatcher:
         return allowed or eligible
 
     def start_step(self, step: int, version: int, digest: str, prompts: list[Prompt], *, group_size: int,
-                   max_new_tokens: int, wait_s: float = 600.0, stop: Callable[[], bool] | None = None) -> StepLedger:
-        """Dispatch ``step`` once an actor is eligible for ``version``. ``stop``: raise
-        :class:`NoEligibleActors` as soon as it returns true (the process is leaving) instead of waiting on."""
+                   max_new_tokens: int, wait_s: float = 600.0, stop: Callable[[], bool] | None = None,
+                   quorum: int = 1) -> StepLedger:
+        """Dispatch ``step`` once ``quorum`` actors are eligible for ``version``, or once ``wait_s`` has passed
+        with at least one (a warning then says how many came). ``stop``: raise :class:`NoEligibleActors` as soon
+        as it returns true (the process is leaving) instead of waiting on."""
         deadline = time.monotonic() + wait_s
         while True:
             elig, actors = self._eligible(version)
-            if elig.eligible:
+            late = time.monotonic() > deadline
+            if len(elig.eligible) >= quorum or (elig.eligible and late):
+                if len(elig.eligible) < quorum:
+                    log.warning("step %d: %d of %d actors eligible after %.0fs; going ahead with them", step,
+                                len(elig.eligible), quorum, wait_s, extra={"eligible": list(elig.eligible)})
                 break
-            if time.monotonic() > deadline:
+            if late:
                 raise NoEligibleActors(f"no actor became eligible for version {version} within {wait_s:.0f}s")
             if stop is not None and stop():
                 raise NoEligibleActors(f"stopped while waiting for an actor eligible for version {version}")

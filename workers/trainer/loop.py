@@ -53,7 +53,7 @@ class StepLoop:
         start_step = progress.step
         # Rollouts for step k+1 are generated on version k-1 while step k trains. The first batch (and the
         # first one after a restart, when actors may already run the newest version) uses the newest version.
-        pending = self._dispatch(leader, start_step + 1, progress.version) \
+        pending = self._dispatch(leader, start_step + 1, progress.version, first=True) \
             if leader is not None and start_step < cfg.steps else None
         self._hold_published()  # the version just dispatched (the newest published)
         for step in range(start_step + 1, cfg.steps + 1):
@@ -93,14 +93,16 @@ class StepLoop:
         return checkpoint.CheckpointInfo(progress.step, version, list(progress.rewards), self.config.seed, counters,
                                          self.ranks.world)
 
-    def _dispatch(self, leader: Leader, step: int, version: int) -> StepLedger | None:
-        """Dispatch ``step`` on ``version``; ``None`` if the trainer was told to stop while waiting for actors."""
+    def _dispatch(self, leader: Leader, step: int, version: int, *, first: bool = False) -> StepLedger | None:
+        """Dispatch ``step`` on ``version``; ``None`` if the trainer was told to stop while waiting for actors.
+        ``first``: this process's first dispatch, which waits for ``--min-actors``."""
         try:
             return leader.dispatcher.start_step(step, version, str(self.publishing.digest_of(version)),
                                                 self.task.prompts(step, self.config.batch_size),
                                                 group_size=self.config.group_size,
                                                 max_new_tokens=self.task.max_new_tokens,
-                                                wait_s=self.config.step_timeout_s, stop=self.stopping)
+                                                wait_s=self.config.step_timeout_s, stop=self.stopping,
+                                                quorum=self.config.min_actors if first else 1)
         except NoEligibleActors:
             if not self.stopping():
                 raise
