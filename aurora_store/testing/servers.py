@@ -75,16 +75,72 @@ def _is_free(host: str, port: int) -> bool:
 
 
 def wait_for_port(host: str, port: int, timeout: float, process: subprocess.Popen | None = None) -> None:
+    """Until ``host:port`` accepts connections — from ``process`` (or a process it started), when given: a port
+    chosen free can be taken by another server before ours binds it, and ours then exits while the other one
+    answers (two clusters of a parallel test run would share one Redis without a word)."""
     deadline = time.monotonic() + timeout
+    foreign = False
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
-            raise ServerExitedError(f"server exited with code {process.returncode} before listening on {port}")
+            taken = " (another process listens there)" if foreign or _listening_inodes(port) else ""
+            raise ServerExitedError(f"server exited with code {process.returncode} before listening on {port}{taken}")
         with socket.socket() as sock:
             sock.settimeout(0.2)
             if sock.connect_ex((host, port)) == 0:
-                return
+                if process is None or listens(process.pid, port) is not False:
+                    return
+                foreign = True  # not ours: ours cannot bind the port and exits (above), or binds it yet
         time.sleep(0.05)
+    if foreign:
+        raise ServiceError(f"another process listens on {host}:{port}; the server started there (pid "
+                           f"{process.pid if process else '?'}) did not within {timeout:.0f}s")
     raise ServiceError(f"nothing listening on {host}:{port} after {timeout:.0f}s")
+
+
+def listens(pid: int, port: int) -> bool | None:
+    """Whether process ``pid`` or one of its descendants holds a socket listening on TCP ``port`` (any address);
+    ``None`` where ``/proc`` cannot tell (not Linux)."""
+    listening = _listening_inodes(port)
+    return None if listening is None else bool(listening & _socket_inodes(pid))
+
+
+def _listening_inodes(port: int) -> set[str] | None:
+    """Inodes of the sockets in LISTEN state on ``port``, from ``/proc/net/tcp`` and ``tcp6``."""
+    found: set[str] = set()
+    readable = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for row in rows:
+            fields = row.split()  # sl local_address rem_address st ... inode
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                found.add(fields[9])
+    return found if readable else None
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    """Inodes of the sockets ``pid`` and its descendants hold open."""
+    inodes: set[str] = set()
+    pending, seen = [pid], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        with contextlib.suppress(OSError):
+            for fd in os.scandir(f"/proc/{current}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd.path)
+                    if target.startswith("socket:["):
+                        inodes.add(target[len("socket:["):-1])
+        with contextlib.suppress(OSError):
+            for task in os.scandir(f"/proc/{current}/task"):
+                with contextlib.suppress(OSError, ValueError):
+                    pending.extend(int(child) for child in Path(task.path, "children").read_text().split())
+    return inodes
 
 
 @contextlib.contextmanager

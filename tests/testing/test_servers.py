@@ -4,6 +4,7 @@ Such a server is started again on fresh ports; one given a port by its caller is
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 
@@ -42,6 +43,59 @@ def test_redis_on_a_callers_taken_port_fails_with_a_typed_error_and_leaves_nothi
             server.start()
         assert isinstance(caught.value, ServiceError)
         assert server.port == port and server.process is None
+
+
+def serving_pid(server: RedisServer) -> int:
+    client = redis.Redis.from_url(server.url)
+    try:
+        return int(client.info("server")["process_id"])
+    finally:
+        client.close()
+
+
+class SlowToDie:
+    """A server process that, as on a loaded machine, is still seen alive for a while after its failed bind: the
+    readiness probe then reaches whoever else listens on the port before it sees the exit."""
+
+    def __init__(self, process, alive_s: float = 1.0) -> None:
+        self._process, self._until = process, time.monotonic() + alive_s
+
+    def poll(self):
+        return None if time.monotonic() < self._until else self._process.poll()
+
+    def __getattr__(self, name):
+        return getattr(self._process, name)
+
+
+def test_redis_whose_chosen_port_another_server_listens_on_starts_on_another_and_is_its_own(monkeypatch):
+    """Two clusters of a parallel run may choose the same free port: the second's server cannot bind it and
+    exits, while the first answers there. The readiness probe must not take the first for the second."""
+    with RedisServer().start() as first:
+        second = RedisServer()
+        second.port = first.port  # the race, forced: chosen here, so it may move
+        real_popen = RedisServer._popen
+        monkeypatch.setattr(RedisServer, "_popen", lambda self, *a, **kw: SlowToDie(real_popen(self, *a, **kw)))
+        with second.start():
+            assert second.port != first.port
+            assert serving_pid(second) == second.process.pid != serving_pid(first) == first.process.pid
+
+
+def test_redis_on_a_callers_port_another_server_listens_on_fails_with_a_typed_error():
+    with RedisServer().start() as first:
+        server = RedisServer(port=first.port)
+        with pytest.raises(ServerExitedError, match="another process listens there"):
+            server.start()
+        assert server.process is None and serving_pid(first) == first.process.pid
+
+
+def test_listens_tells_the_listening_process_from_another():
+    with occupy(0) as holder:
+        holder.listen()
+        port = holder.getsockname()[1]
+        assert localservices.listens(os.getpid(), port) is True
+        with RedisServer().start() as other:
+            assert localservices.listens(other.process.pid, port) is False
+            assert localservices.listens(other.process.pid, other.port) is True
 
 
 def first_choice_is(taken: int, monkeypatch) -> list[list[int]]:
