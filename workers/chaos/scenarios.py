@@ -393,8 +393,10 @@ def redis_restarts(run_dir: Path, quick: bool) -> ScenarioResult:
     with LocalCluster(spec) as cluster:
         wait_version(cluster, 3)
         log_before = cluster.plane.run_log()
-        cluster.redis.restart()
+        # Read before the restart: the lost log's entries are all older, the new log's all newer (read after
+        # it, a busy test process may read it once the components have already logged to the new server).
         restarted = now_ms()
+        cluster.redis.restart()
         summary = cluster.wait_trainer_done(300)
         log = log_before + cluster.plane.run_log()
         alive = {n: p.alive or p.process.returncode == 0 for n, p in cluster.group.processes.items()}
