@@ -99,9 +99,14 @@ def wait_for_port(host: str, port: int, timeout: float, process: subprocess.Pope
 
 def listens(pid: int, port: int) -> bool | None:
     """Whether process ``pid`` or one of its descendants holds a socket listening on TCP ``port`` (any address);
-    ``None`` where ``/proc`` cannot tell (not Linux)."""
+    ``None`` where ``/proc`` cannot tell (not Linux, or a kernel that does not list a process's children)."""
     listening = _listening_inodes(port)
-    return None if listening is None else bool(listening & _socket_inodes(pid))
+    if listening is None:
+        return None
+    held, complete = _socket_inodes(pid)
+    if listening & held:
+        return True
+    return False if complete else None  # a descendant /proc did not show may hold it
 
 
 def _listening_inodes(port: int) -> set[str] | None:
@@ -121,9 +126,11 @@ def _listening_inodes(port: int) -> set[str] | None:
     return found if readable else None
 
 
-def _socket_inodes(pid: int) -> set[str]:
-    """Inodes of the sockets ``pid`` and its descendants hold open."""
+def _socket_inodes(pid: int) -> tuple[set[str], bool]:
+    """Inodes of the sockets ``pid`` and its descendants hold open, and whether every process's children could be
+    read (``/proc/PID/task/TID/children`` needs a kernel built with it)."""
     inodes: set[str] = set()
+    complete = True
     pending, seen = [pid], set()
     while pending:
         current = pending.pop()
@@ -136,11 +143,17 @@ def _socket_inodes(pid: int) -> set[str]:
                     target = os.readlink(fd.path)
                     if target.startswith("socket:["):
                         inodes.add(target[len("socket:["):-1])
-        with contextlib.suppress(OSError):
+        try:
             for task in os.scandir(f"/proc/{current}/task"):
-                with contextlib.suppress(OSError, ValueError):
+                try:
                     pending.extend(int(child) for child in Path(task.path, "children").read_text().split())
-    return inodes
+                except FileNotFoundError:
+                    complete = False  # a kernel without it, or a thread that just ended: unknown
+                except (OSError, ValueError):
+                    pass
+        except OSError:
+            pass  # the process has ended
+    return inodes, complete
 
 
 @contextlib.contextmanager
