@@ -99,12 +99,15 @@ def test_a_quorum_that_never_comes_goes_ahead_with_those_there_after_the_wait(re
     assert any("1 of 3 actors eligible" in r.getMessage() for r in caplog.records)
 
 
-def test_no_actor_at_all_is_still_an_error_whatever_the_quorum(redis_url):
+def test_no_actor_at_all_is_still_an_error_and_a_quorum_below_one_is_refused(redis_url):
     plane = ControlPlane(redis_url, "dispatch-nobody")
     dispatcher = Dispatcher(plane, "eu", "trainer-test", LeasePolicy(), admission_secret=admission_secret())
     with pytest.raises(NoEligibleActors, match="no actor became eligible"):
         dispatcher.start_step(1, 0, "d0", [Prompt("p0", "1+1=")], group_size=2, max_new_tokens=3, wait_s=0.5,
                               quorum=2)
+    Member("present", plane.run).register(plane)
+    with pytest.raises(ValueError, match="quorum of at least one"):  # not a step granted to nobody
+        dispatcher.start_step(1, 0, "d0", [Prompt("p0", "1+1=")], group_size=2, max_new_tokens=3, quorum=0)
 
 
 def test_the_trainer_takes_min_actors_and_refuses_less_than_one(capsys):

@@ -154,6 +154,8 @@ class Dispatcher:
         """Dispatch ``step`` once ``quorum`` actors are eligible for ``version``, or once ``wait_s`` has passed
         with at least one (a warning then says how many came). ``stop``: raise :class:`NoEligibleActors` as soon
         as it returns true (the process is leaving) instead of waiting on."""
+        if quorum < 1:
+            raise ValueError(f"a step needs a quorum of at least one actor, got {quorum}")
         deadline = time.monotonic() + wait_s
         while True:
             elig, actors = self._eligible(version)
