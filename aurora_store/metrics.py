@@ -1,13 +1,19 @@
 """Prometheus metrics of Aurora's processes (trainer, actor, relay), one registry per process.
 
 Every process creates the same set of series (unused ones stay at zero), so dashboards and alerts can be
-written once. A process serves them over HTTP only when given a port (``--metrics-port``).
+written once. A process serves them over HTTP only when given a port (``--metrics-port``); port 0 means any
+free port, which the process logs once bound (``metrics_port`` in its ``serving metrics`` line).
 """
 
 from __future__ import annotations
 
+import argparse
+import logging
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
+log = logging.getLogger("aurora.metrics")
+PORT_HELP = "serve Prometheus metrics on this port (0: any free one, logged as metrics_port once bound)"
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
@@ -95,9 +101,27 @@ class Metrics:
         for outcome in ("hit", "miss", "error", "corrupt"):
             self.relay_cache_reads.labels(outcome)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        start_http_server(port, addr=addr, registry=self.registry)
+    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
+        """Serve the registry over HTTP on ``port`` and return the port bound. Port 0 lets the kernel choose at
+        bind time: a launcher that picked a free port itself and passed it on would leave a window, until this
+        process binds it, in which another process can take it (then this one fails, or its scraper reads the
+        other one's)."""
+        server, _ = start_http_server(port, addr=addr, registry=self.registry)
+        bound = int(server.server_port)
+        log.info("serving metrics", extra={"metrics_port": bound})
+        return bound
 
     def update_cache(self, hits: int, misses: int) -> None:
         lookups = hits + misses
         self.cache_hit_ratio.set(hits / lookups if lookups else 0.0)
+
+
+def port_number(text: str) -> int:
+    """``--metrics-port``'s type: a TCP port, 0 to 65535 (0: the kernel picks one at bind time)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"needs a TCP port from 0 to 65535, got {text!r}")
+    return port

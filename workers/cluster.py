@@ -52,7 +52,6 @@ class LocalCluster:
                 self.signing_key, self.public_key = write_keypair(key_dir)
         self.commands = Commands(spec, self.run_dir, self.buckets, self.redis, signing_key=self.signing_key,
                                  public_key=self.public_key)
-        self.metrics_ports = self.commands.metrics_ports  # process name -> its Prometheus port
         self._plane: ControlPlane | None = None  # opened once Redis runs (start or connect)
         self.actor_ids: list[str] = []
         self._restarts = 0
@@ -134,6 +133,28 @@ class LocalCluster:
         names = [n for n in self.group.processes if n.startswith("trainer")]
         return self.group[names[-1]]
 
+    def metrics_port(self, name: str, timeout: float = 60.0) -> int:
+        """The port process ``name`` (its current run, after a restart) serves Prometheus metrics on, as it
+        logged it once bound. Waits until it has; a process that exits first is a RuntimeError with its log."""
+        deadline = time.monotonic() + timeout
+        while True:
+            managed = self.group[name]
+            port = _logged_metrics_port(managed.log_lines())
+            if port is not None:
+                return port
+            if not managed.alive:
+                raise RuntimeError(f"{name} exited ({managed.process.returncode}) before serving metrics:\n"
+                                   f"{managed.log_tail(40)}")
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{name} did not serve metrics within {timeout:.0f}s:\n{managed.log_tail(40)}")
+            time.sleep(0.1)
+
+    def metrics_ports(self, timeout: float = 60.0) -> dict[str, int]:
+        """Every metrics port (``spec.metrics``) by process name, waiting (``timeout`` in all) for each."""
+        deadline = time.monotonic() + timeout
+        return {name: self.metrics_port(name, max(0.0, deadline - time.monotonic()))
+                for name in self.commands.metrics_processes}
+
     def wait_for(self, predicate: Callable[[], Any], timeout: float, what: str, poll: float = 0.3, *,
                  required: bool = True) -> Any:
         """``predicate()``'s first truthy value. On timeout: TimeoutError, or (``required=False``) its last
@@ -202,3 +223,14 @@ class LocalCluster:
             parts.append(f"--- {name} ({'alive' if proc.alive else proc.process.returncode}) ---\n"
                          f"{proc.log_tail(12)}")
         return "\n".join(parts)
+
+
+def _logged_metrics_port(lines: list[str]) -> int | None:
+    """The port in a process's ``serving metrics`` log record (JSON lines, as the cluster's processes log)."""
+    for line in lines:
+        if '"metrics_port"' in line:
+            try:
+                return int(json.loads(line)["metrics_port"])
+            except (ValueError, KeyError, TypeError):
+                continue
+    return None

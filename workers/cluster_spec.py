@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aurora_store.testing.servers import RedisServer, free_port
+from aurora_store.testing.servers import RedisServer
 from workers.actor.emulated import FLAGS as EMULATION_FLAGS
 
 
@@ -55,7 +55,7 @@ class ClusterSpec:
 
 
 class Commands:
-    """Module and arguments of each process; the metrics port each one was given (``spec.metrics``)."""
+    """Module and arguments of each process; which ones serve metrics (``spec.metrics``)."""
 
     def __init__(self, spec: ClusterSpec, run_dir: Path, buckets: dict[str, str], redis: RedisServer, *,
                  signing_key: Path | None, public_key: Path | None) -> None:
@@ -65,7 +65,7 @@ class Commands:
         self.redis = redis  # read when a command is built: Redis may move to fresh ports when it starts
         self.signing_key = signing_key
         self.public_key = public_key
-        self.metrics_ports: dict[str, int] = {}
+        self.metrics_processes: list[str] = []  # the names of the processes started with a metrics endpoint
 
     def common(self, role: str) -> list[str]:
         """Redis (as ``role``'s ACL user, when the server has them) and run."""
@@ -76,10 +76,14 @@ class Commands:
         return ["--trainer-public-key", str(self.public_key)] if self.public_key else []
 
     def metrics(self, name: str) -> list[str]:
+        # Port 0: the process binds whatever port is free then and logs it. A port picked here would be free
+        # only until the process bound it, seconds later; a server started meanwhile (a parallel test's) can
+        # take it, and this process then dies at start while its scraper reads the other server.
         if not self.spec.metrics:
             return []
-        self.metrics_ports[name] = port = free_port()
-        return ["--metrics-port", str(port)]
+        if name not in self.metrics_processes:
+            self.metrics_processes.append(name)
+        return ["--metrics-port", "0"]
 
     def trainer(self, name: str, extra: list[str] | None = None) -> tuple[str, list[str]]:
         spec = self.spec

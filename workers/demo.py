@@ -118,8 +118,9 @@ def _demo(args: argparse.Namespace) -> int:
               f"{cluster.buckets[REMOTE]} ({REMOTE})", flush=True)
         print(f"  started trainer, relay for {REMOTE}, actors {', '.join(cluster.actor_ids)}; "
               f"logs in {run_dir / 'logs'}", flush=True)
+        metrics_ports = cluster.metrics_ports(120)  # each process logs its port once bound
         print("  Prometheus metrics: " + ", ".join(f"{name} http://127.0.0.1:{port}/metrics"
-                                                  for name, port in cluster.metrics_ports.items()), flush=True)
+                                                  for name, port in metrics_ports.items()), flush=True)
         print(f"  TensorBoard event files: {run_dir / 'trainer' / 'tb'}  (tensorboard --logdir {run_dir / 'trainer'})"
               f"; signing key {cluster.public_key}", flush=True)
         display = Display(cluster.plane)
@@ -168,7 +169,7 @@ def _demo(args: argparse.Namespace) -> int:
         "rollouts_accepted": summary["rollouts_accepted"], "rollouts_rejected": summary["rollouts_rejected"],
         "bucket": cluster.buckets[HOME], "regional_buckets": dict(cluster.buckets),
         "logs": str(run_dir / "logs"), "tensorboard": summary.get("logdir"),
-        "metrics_ports": dict(cluster.metrics_ports), "seconds": round(time.monotonic() - started, 1),
+        "metrics_ports": metrics_ports, "seconds": round(time.monotonic() - started, 1),
     }
     print(json.dumps(result), flush=True)
     return 0

@@ -48,6 +48,7 @@ class Managed:
     argv: list[str]
     process: subprocess.Popen | forkserver.ForkedProcess
     log_path: Path
+    log_offset: int = 0  # where this process's output starts in its log (a restart appends to the last one's)
 
     @property
     def alive(self) -> bool:
@@ -99,6 +100,15 @@ class Managed:
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()
 
+    def log_lines(self) -> list[str]:
+        """What this process (not an earlier one of the same name) has written to its log so far."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self.log_offset)
+                return log.read().decode(errors="replace").splitlines()
+        except OSError:
+            return []
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -121,12 +131,13 @@ class ProcessGroup:
         argv = [*(prefix or []), sys.executable, "-m", module, *args]
         log_path = self.log_dir / f"{name}.log"
         environment = {**os.environ, **self.env, **(env or {}), "PYTHONUNBUFFERED": "1"}
+        offset = log_path.stat().st_size if log_path.exists() else 0
         process: subprocess.Popen | forkserver.ForkedProcess | None = self._forked(module, args, environment,
                                                                                     log_path, prefix)
         if process is None:
             with open(log_path, "ab") as log:
                 process = children.popen(argv, stdout=log, stderr=subprocess.STDOUT, env=environment)
-        managed = Managed(name, argv, process, log_path)
+        managed = Managed(name, argv, process, log_path, offset)
         self.processes[name] = managed
         return managed
 

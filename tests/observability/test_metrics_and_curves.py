@@ -40,7 +40,7 @@ def run(tmp_path_factory):
         cluster.wait_for(lambda: cluster.trainer_version() >= 4, 240, "version 4")
         live = {}
         for _ in range(20):  # one consistent moment: the actor's gauge equals what it reports to Redis
-            live = {name: scrape(port) for name, port in cluster.metrics_ports.items()}
+            live = {name: scrape(port) for name, port in cluster.metrics_ports().items()}
             states = {a: s for a, (s, _) in cluster.plane.actors().items()}
             if all(live[f"actor-{a}"]["aurora_version_active"] == states[a].active_version for a in states):
                 break

@@ -57,7 +57,7 @@ class Actor:
         settings = TransferSettings.from_env().with_overrides(streams=config.streams)
         self.plane = ControlPlane(config.redis, config.run, wait_s=120, heartbeat_ttl_s=heartbeat_ttl_s())
         self.metrics = Metrics("actor", config.run, config.region)
-        if config.metrics_port:
+        if config.metrics_port is not None:
             self.metrics.serve(config.metrics_port)
         self.view = VersionView()
         # A fresh key pair per process: the private half never leaves memory; the public half is registered

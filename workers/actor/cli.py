@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
+from aurora_store import metrics
 from aurora_store.config import CommandDefaults, default_run_name
 from workers.engines import EngineOptions, registered_engines
 
@@ -67,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "never taken from the bucket's run.json)")
     parser.add_argument("--streams", type=int, help="parallel download streams (default AURORA_STREAMS or 4)")
     parser.add_argument("--cache-dir", help="local directory for snapshot files (vLLM loads from here)")
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    parser.add_argument("--metrics-port", type=metrics.port_number, help=metrics.PORT_HELP)
     parser.add_argument("--trainer-public-key", default=CommandDefaults.from_env().trainer_public_key,
                         help="trainer's Ed25519 public key (file path or base64); manifests must verify against it")
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per generation batch")

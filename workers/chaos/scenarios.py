@@ -221,7 +221,7 @@ def actor_falls_behind(run_dir: Path, quick: bool) -> ScenarioResult:
 
 def _metric(cluster: LocalCluster, process: str, name: str) -> dict[str, float]:
     """Samples of one Prometheus series family of a process, by their label text."""
-    port = cluster.metrics_ports[process]
+    port = cluster.metrics_port(process)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
     out = {}

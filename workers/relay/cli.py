@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from aurora_store import metrics
 from aurora_store.config import CommandDefaults, default_run_name
 
 
@@ -68,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--streams", type=int, help="parallel copy streams (default AURORA_STREAMS or 4)")
     parser.add_argument("--cache-dir", help="disk tier of the hot cache (default: none)")
     parser.add_argument("--cache-bytes", type=int, default=256 << 20, help="memory tier of the hot cache")
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    parser.add_argument("--metrics-port", type=metrics.port_number, help=metrics.PORT_HELP)
     parser.add_argument("--trainer-public-key", default=CommandDefaults.from_env().trainer_public_key,
                         help="trainer's Ed25519 public key; unsigned or mis-signed manifests are not forwarded")
     parser.add_argument("--stall-s", type=_positive_seconds, default=120.0,

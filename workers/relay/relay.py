@@ -143,7 +143,7 @@ class Relay:
         self.dest = DeltaStore(open_bucket(config.dest, create=True, settings=settings), settings)
         self.plane = ControlPlane(config.redis, config.run, wait_s=120, heartbeat_ttl_s=heartbeat_ttl_s())
         self.metrics = Metrics("relay", config.run, config.region)
-        if config.metrics_port:
+        if config.metrics_port is not None:
             self.metrics.serve(config.metrics_port)
         self.cache = SegmentCache(config.cache_bytes, config.cache_dir, self.metrics)
         self.pool = shared_pool().lanes(settings.streams)  # the process's warm transfer threads, S at a time

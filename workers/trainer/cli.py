@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from aurora_store import metrics
 from aurora_store.codec.params import DEFAULT_SEGMENT_BYTES
 from aurora_store.config import CommandDefaults, default_run_name
 from workers.trainer.rollout_check import DEFAULT_TOLERANCE
@@ -101,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--initial-lease-s", type=float, default=60.0, help="lease expiry before anything is measured")
     p.add_argument("--signing-key", default=CommandDefaults.from_env().signing_key,
                    help="Ed25519 private key (file or base64) used to sign manifests")
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument("--metrics-port", type=metrics.port_number, help=metrics.PORT_HELP)
     p.add_argument("--logdir", help="TensorBoard event files go here (default: <checkpoint-dir>/tb)")
     p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (WANDB_MODE=offline works)")
     p.add_argument("--step-timeout-s", type=float, default=600.0, help="give up if a step gets no progress")

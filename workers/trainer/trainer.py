@@ -99,7 +99,7 @@ class Trainer:
                                      self.progress, self.leader, side_files=lambda: side_files(model.config,
                                                                                                 model.tokenizer),
                                      sign=sign, files_layout=snapshot_layout(model.config))
-        if cfg.metrics_port and self.leader is not None:
+        if cfg.metrics_port is not None and self.leader is not None:
             self.metrics.serve(cfg.metrics_port)
 
     def _check_memory(self) -> None:
