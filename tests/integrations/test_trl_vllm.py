@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -25,6 +26,9 @@ from aurora_store.testing.servers import environment
 from aurora_store.trust import generate_keypair
 from workers.rl.model import DEFAULT_CONFIG, build_model, warm_start
 from workers.rl.task import AdditionTask, build_tokenizer
+
+if TYPE_CHECKING:
+    import httpx
 
 pytestmark = pytest.mark.vllm
 
@@ -225,10 +229,8 @@ def test_a_gap_is_closed_from_a_snapshot_where_deltas_are_gone(trained, llm, tmp
     assert (record["kind"], record["versions"], record["bucket"]) == ("snapshot", (2, 3), store.url), record
 
 
-def _post(url: str, body: dict) -> tuple[int, dict]:
-    import requests
-
-    reply = requests.post(url, json=body, timeout=300)
+def _post(client: httpx.Client, route: str, body: dict) -> tuple[int, dict]:
+    reply = client.post(route, json=body)
     return reply.status_code, (reply.json() if reply.content else {})
 
 
@@ -238,12 +240,13 @@ def test_vllm_serve_rl_routes_follow_the_run(trained, tmp_path):
     what pyproject declares), follows every version, and its own per-parameter SHA-256 checksums
     (``/weight_checker``) equal those of the trainer's weights in vLLM's fused layout."""
     import hashlib
-    import socket
+    import shutil
     import subprocess
     import sys
+    import tempfile
     import time
 
-    import requests
+    import httpx
 
     root = Path(__file__).resolve().parents[2]
     dist = tmp_path / "plugin" / "aurora_rl_probe-0.0.0.dist-info"
@@ -251,34 +254,38 @@ def test_vllm_serve_rl_routes_follow_the_run(trained, tmp_path):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: aurora-rl-probe\nVersion: 0.0.0\n")
     (dist / "entry_points.txt").write_text("[vllm.general_plugins]\n"
                                             "aurora = workers.vllm.backend:register\n")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    # A Unix socket, not a TCP port: a free port picked here stays free only until the server binds it, a
+    # minute later, and a parallel test's server can take it first. (A short directory: the path of a Unix
+    # socket is limited to 107 bytes, and pytest's tmp_path can be longer.)
+    socket_dir = Path(tempfile.mkdtemp(prefix="aurora-vllm-"))
+    socket_path = socket_dir / "serve.sock"
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
            "PYTHONPATH": os.pathsep.join([str(dist.parent), str(root)])}
     log = (tmp_path / "serve.log").open("w")
     # vLLM's API server, as ``vllm serve`` runs it (the ``vllm`` CLI itself looks up the distribution named
     # "vllm" for its version, and the CPU build's distribution is "vllm-cpu").
     proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                             "--model", str(trained.snapshot_dir), "--host", "127.0.0.1", "--port", str(port),
+                             "--model", str(trained.snapshot_dir), "--uds", str(socket_path),
                              "--dtype", "bfloat16", "--enforce-eager",
                              "--max-model-len", "64", "--weight-transfer-config", '{"backend": "aurora"}'],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    # A connection per request: after a refused update (a 500), the server drops the connection it answered on.
+    transport = httpx.HTTPTransport(uds=str(socket_path), limits=httpx.Limits(max_keepalive_connections=0))
+    client = httpx.Client(transport=transport, base_url="http://vllm", timeout=300)
     try:
         deadline = time.monotonic() + 600
         while True:
             assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "vllm serve did not become healthy"
             try:
-                if requests.get(f"{base}/health", timeout=5).status_code == 200:
+                if client.get("/health", timeout=5).status_code == 200:
                     break
-            except requests.ConnectionError:
+            except httpx.TransportError:  # the socket is not there yet, or not yet accepting
                 pass
             time.sleep(1)
 
         def mismatches(version: int) -> set[str]:
-            status, body = _post(f"{base}/weight_checker", {"action": "checksum"})
+            status, body = _post(client, "/weight_checker", {"action": "checksum"})
             assert status == 200, body
             expected = {n: hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
                         for n, t in trained.layout.fuse(trained.states[version]).items()}
@@ -291,22 +298,23 @@ def test_vllm_serve_rl_routes_follow_the_run(trained, tmp_path):
         # whole-parameter checksum is not the checkpoint tensor's (the in-process test compares it bit by bit).
         padded = {"model.embed_tokens.weight"}
         assert mismatches(0) <= padded
-        status, body = _post(f"{base}/init_weight_transfer_engine",
+        status, body = _post(client, "/init_weight_transfer_engine",
                              {"init_info": {"bucket": trained.bucket, "run": RUN,
                                             "trainer_public_key": trained.public_key}})
         assert status == 200, body
         for version in range(1, STEPS + 1):
-            assert _post(f"{base}/start_weight_update", {})[0] == 200
-            status, body = _post(f"{base}/update_weights", {"update_info": {"version": version}})
+            assert _post(client, "/start_weight_update", {})[0] == 200
+            status, body = _post(client, "/update_weights", {"update_info": {"version": version}})
             assert status == 200, body
-            assert _post(f"{base}/finish_weight_update", {"weight_version": str(version)})[0] == 200
+            assert _post(client, "/finish_weight_update", {"weight_version": str(version)})[0] == 200
             assert mismatches(version) <= padded, version
-        assert requests.get(f"{base}/weight_info", timeout=30).json()["weight_version"] == str(STEPS)
-        assert _post(f"{base}/start_weight_update", {})[0] == 200
-        status, _ = _post(f"{base}/update_weights", {"update_info": {"version": 1}})
+        assert client.get("/weight_info", timeout=30).json()["weight_version"] == str(STEPS)
+        assert _post(client, "/start_weight_update", {})[0] == 200
+        status, _ = _post(client, "/update_weights", {"update_info": {"version": 1}})
         assert status >= 400  # cannot go back; nothing written
         assert mismatches(STEPS) <= padded
     finally:
+        client.close()
         proc.terminate()
         try:
             proc.wait(60)
@@ -314,3 +322,4 @@ def test_vllm_serve_rl_routes_follow_the_run(trained, tmp_path):
             proc.kill()
             proc.wait(30)
         log.close()
+        shutil.rmtree(socket_dir, ignore_errors=True)
