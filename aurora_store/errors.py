@@ -173,6 +173,11 @@ class DiskBudgetError(AuroraError, OSError):
         self.free = free
 
 
+class MetricsPortError(AuroraError, OSError):
+    """A process cannot serve its Prometheus metrics where told (``--metrics-port``): the port is taken, or
+    the address is not this host's; raised at start, before the process takes part in the run."""
+
+
 # --- operations and local services ----------------------------------------------------------------
 
 

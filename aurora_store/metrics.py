@@ -12,6 +12,8 @@ import logging
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
+from aurora_store.errors import MetricsPortError
+
 log = logging.getLogger("aurora.metrics")
 PORT_HELP = "serve Prometheus metrics on this port (0: any free one, logged as metrics_port once bound)"
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -106,7 +108,11 @@ class Metrics:
         bind time: a launcher that picked a free port itself and passed it on would leave a window, until this
         process binds it, in which another process can take it (then this one fails, or its scraper reads the
         other one's)."""
-        server, _ = start_http_server(port, addr=addr, registry=self.registry)
+        try:
+            server, _ = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            raise MetricsPortError(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc} (another "
+                                   "--metrics-port, or 0 for any free one)") from exc
         bound = int(server.server_port)
         log.info("serving metrics", extra={"metrics_port": bound})
         return bound

@@ -55,6 +55,7 @@ class LocalCluster:
         self._plane: ControlPlane | None = None  # opened once Redis runs (start or connect)
         self.actor_ids: list[str] = []
         self._restarts = 0
+        self._metrics_port_of: dict[tuple[str, int], int] = {}  # (process name, pid) -> the port it logged
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -139,8 +140,10 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         while True:
             managed = self.group[name]
-            port = _logged_metrics_port(managed.log_lines())
+            key = (name, managed.process.pid)
+            port = self._metrics_port_of.get(key) or _logged_metrics_port(managed.log_lines())
             if port is not None:
+                self._metrics_port_of[key] = port
                 return port
             if not managed.alive:
                 raise RuntimeError(f"{name} exited ({managed.process.returncode}) before serving metrics:\n"
@@ -225,7 +228,7 @@ class LocalCluster:
         return "\n".join(parts)
 
 
-def _logged_metrics_port(lines: list[str]) -> int | None:
+def _logged_metrics_port(lines: Iterable[str]) -> int | None:
     """The port in a process's ``serving metrics`` log record (JSON lines, as the cluster's processes log)."""
     for line in lines:
         if '"metrics_port"' in line:

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,14 +101,17 @@ class Managed:
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()
 
-    def log_lines(self) -> list[str]:
-        """What this process (not an earlier one of the same name) has written to its log so far."""
+    def log_lines(self) -> Iterator[str]:
+        """The lines this process (not an earlier one of the same name) has written to its log so far, read
+        as they are consumed."""
         try:
-            with open(self.log_path, "rb") as log:
-                log.seek(self.log_offset)
-                return log.read().decode(errors="replace").splitlines()
+            log = open(self.log_path, "rb")  # noqa: SIM115 (closed by the with below)
         except OSError:
-            return []
+            return
+        with log:
+            log.seek(self.log_offset)
+            for line in log:
+                yield line.decode(errors="replace").rstrip("\n")
 
     def log_tail(self, lines: int = 40) -> str:
         try:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from aurora_store.errors import MetricsPortError
 from aurora_store.metrics import Metrics, port_number
 from workers.cluster import ClusterSpec, LocalCluster
 
@@ -36,12 +37,14 @@ def test_port_zero_binds_a_free_port_returns_it_and_logs_it(caplog):
     assert [r.metrics_port for r in caplog.records if r.getMessage() == "serving metrics"] == [a, b]
 
 
-def test_a_port_someone_else_listens_on_is_an_error_at_start():
+def test_a_port_someone_else_listens_on_is_a_typed_error_at_start():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        with pytest.raises(OSError, match="in use"):
-            Metrics("actor", "run").serve(taken.getsockname()[1], addr="127.0.0.1")
+        port = taken.getsockname()[1]
+        with pytest.raises(MetricsPortError, match=f"cannot serve metrics on 127.0.0.1:{port}: .*in use") as err:
+            Metrics("actor", "run").serve(port, addr="127.0.0.1")
+    assert isinstance(err.value, OSError)
 
 
 @pytest.mark.parametrize("text", ["-1", "65536", "nine", ""])
