@@ -45,6 +45,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+@contextlib.contextmanager
+def closed_port(host: str = "127.0.0.1") -> Iterator[int]:
+    """A port nobody listens on, for as long as the block runs: bound here and never listened on, so a
+    connection to it is refused, and no other process can bind it meanwhile (a port from :func:`free_port` is
+    free only until someone takes it, and a client pointed at it would then reach that server)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        yield sock.getsockname()[1]
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """Distinct free ports (held open together so they differ), each with port + 10000 free too."""
     socks: list[socket.socket] = []

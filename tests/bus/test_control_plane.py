@@ -14,7 +14,7 @@ from aurora_store.bus.identity import Credentials
 from aurora_store.bus.messages import MAX_MILLIS, MAX_SEGMENT_BYTES, MAX_VERSION
 from aurora_store.errors import BusAuthError, BusError
 from aurora_store.testing.members import Member
-from aurora_store.testing.servers import RedisServer, free_port
+from aurora_store.testing.servers import RedisServer, closed_port
 
 pytestmark = pytest.mark.redis
 
@@ -144,9 +144,8 @@ def test_leases_and_results_with_a_consumer_group(redis_url):
 
 
 def test_redis_unreachable_at_start_is_a_clear_error():
-    port = free_port()
     started = time.monotonic()
-    with pytest.raises(BusError, match=str(port)):
+    with closed_port() as port, pytest.raises(BusError, match=str(port)):
         connect(f"redis://127.0.0.1:{port}/0", wait_s=1.0)
     assert time.monotonic() - started < 10
 

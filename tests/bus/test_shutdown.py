@@ -11,7 +11,7 @@ import pytest
 from aurora_store import shutdown
 from aurora_store.bus import ControlPlane, connect
 from aurora_store.errors import BusError
-from aurora_store.testing.servers import RedisServer, free_port
+from aurora_store.testing.servers import RedisServer, closed_port
 
 pytestmark = pytest.mark.redis
 
@@ -50,8 +50,8 @@ def test_a_stopping_process_still_uses_a_healthy_redis(redis_url):
 def test_connecting_gives_up_once_a_stop_is_requested():
     _request_in(0.5)
     started = time.monotonic()
-    with pytest.raises(BusError, match="not retried"):
-        connect(f"redis://127.0.0.1:{free_port()}/0", wait_s=60)
+    with closed_port() as port, pytest.raises(BusError, match="not retried"):
+        connect(f"redis://127.0.0.1:{port}/0", wait_s=60)
     assert time.monotonic() - started < 2.0
 
 

@@ -12,7 +12,7 @@ from aurora_store.ops import inspect, plots
 from aurora_store.ops.notebook import figure
 from aurora_store.ops.runlog import PREFIX, decode_entries, export_run_log, load_exported
 from aurora_store.store import DeltaStore
-from aurora_store.testing.servers import free_port
+from aurora_store.testing.servers import closed_port
 from tests.ops.helpers import build_bucket
 
 
@@ -66,6 +66,6 @@ def test_the_notebook_view_reads_redis_first_and_falls_back_to_exports(redis_url
     assert latency.who == "eu-west" and latency.version == 1
     export_run_log(plane, run.store)
     plane.close()
-    dead = f"redis://127.0.0.1:{free_port()}/0"
-    view = inspect.open_view(run.store.url, redis=dead)
+    with closed_port() as port:
+        view = inspect.open_view(run.store.url, redis=f"redis://127.0.0.1:{port}/0")
     assert view.run_log_source == f"{run.store.url}/{PREFIX}" and len(view.run_log) == 1

@@ -10,7 +10,7 @@ from aurora_store.bus import ActorState, ControlPlane, RelayState, TrainerState
 from aurora_store.cli import main
 from aurora_store.ops.status import discover_runs, read_status
 from aurora_store.testing.members import Member
-from aurora_store.testing.servers import free_port
+from aurora_store.testing.servers import closed_port
 
 RUN = "ops-status"
 
@@ -75,5 +75,6 @@ def test_errors_exit_2(redis_url, capsys, monkeypatch):
     assert "--redis" in capsys.readouterr().err
     assert main(["status", "--redis", redis_url]) == 2  # flushed: no run at all
     assert "no Aurora run" in capsys.readouterr().err
-    assert main(["status", "--redis", f"redis://127.0.0.1:{free_port()}/0", "--run", RUN]) == 2
+    with closed_port() as port:
+        assert main(["status", "--redis", f"redis://127.0.0.1:{port}/0", "--run", RUN]) == 2
     assert "cannot reach" in capsys.readouterr().err

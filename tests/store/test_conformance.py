@@ -71,11 +71,11 @@ class TestS3Bucket(BucketConformance):
 
     def test_unreachable_endpoint_is_a_store_error(self, monkeypatch):
         from aurora_store.errors import StoreError
-        from aurora_store.testing.servers import free_port
+        from aurora_store.testing.servers import closed_port
 
         monkeypatch.setenv("AURORA_CONNECT_TIMEOUT", "1")
-        with pytest.raises(StoreError):
-            open_bucket(f"s3://bucket?endpoint_url=http://127.0.0.1:{free_port()}")
+        with closed_port() as port, pytest.raises(StoreError):
+            open_bucket(f"s3://bucket?endpoint_url=http://127.0.0.1:{port}")
 
 
 # gcp-storage-emulator ignores preconditions: no handler in gcp_storage_emulator/handlers/objects.py reads

@@ -120,6 +120,17 @@ def assert_serves_s3(server: S3Server) -> None:
     assert "Buckets" in client.list_buckets()
 
 
+def test_a_closed_port_refuses_connections_and_cannot_be_taken_while_held():
+    with localservices.closed_port() as port:
+        with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+        with socket.socket() as racer, pytest.raises(OSError, match="in use"):
+            racer.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
+            racer.bind(("127.0.0.1", port))
+    with socket.socket() as later:  # released once the block ends
+        later.bind(("127.0.0.1", port))
+
+
 def test_s3_whose_chosen_port_was_taken_starts_on_fresh_ports(monkeypatch):
     holder = occupy(0)
     taken = holder.getsockname()[1]
