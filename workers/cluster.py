@@ -55,7 +55,6 @@ class LocalCluster:
         self._plane: ControlPlane | None = None  # opened once Redis runs (start or connect)
         self.actor_ids: list[str] = []
         self._restarts = 0
-        self._metrics_port_of: dict[tuple[str, int], int] = {}  # (process name, pid) -> the port it logged
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -140,10 +139,8 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         while True:
             managed = self.group[name]
-            key = (name, managed.process.pid)
-            port = self._metrics_port_of.get(key) or _logged_metrics_port(managed.log_lines())
+            port = _logged_metrics_port(managed.log_lines())  # among its first lines: the scan stops there
             if port is not None:
-                self._metrics_port_of[key] = port
                 return port
             if not managed.alive:
                 raise RuntimeError(f"{name} exited ({managed.process.returncode}) before serving metrics:\n"

@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 import socket
+import subprocess
 import sys
 import textwrap
 import urllib.request
@@ -56,8 +57,6 @@ def test_a_port_out_of_range_is_refused_by_name(text):
 
 @pytest.mark.parametrize("module", ["workers.actor", "workers.relay", "workers.trainer"])
 def test_each_process_refuses_a_bad_metrics_port_before_starting(module):
-    import subprocess
-
     done = subprocess.run([sys.executable, "-m", module, "--metrics-port", "70000"], capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 2 and "--metrics-port: needs a TCP port from 0 to 65535" in done.stderr
